@@ -1,0 +1,7 @@
+"""`genrec tokenize`: learn semantic IDs from item features."""
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    pass

@@ -1,0 +1,1 @@
+"""Benchmark commands whose figures go to docs/results.md."""

@@ -1,0 +1,1 @@
+"""Datasets: the dataset-dir format, the synthetic generator and the importers."""

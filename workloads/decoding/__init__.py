@@ -1,0 +1,1 @@
+"""genrec.workloads.decoding"""

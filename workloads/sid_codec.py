@@ -1,0 +1,192 @@
+"""Semantic-ID codec: SID codes <-> model token ids <-> one mixed-radix integer per SID.
+
+A semantic ID (SID) is a tuple of L codes, code l drawn from a codebook of size T_l.
+
+Token ids are level-offset: special tokens first, then the T_1 codes of level 1, then the T_2
+codes of level 2, and so on, so every (level, code) pair has its own token and a decoder can
+restrict a step to one level by slicing a contiguous range of the vocabulary.
+
+The mixed-radix integer (NEZHA eq. 4) packs a SID into one int64,
+    key = sum_l c_l * prod_{j > l} T_j,
+which sorts SIDs lexicographically and makes set membership a searchsorted or hash lookup.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+# Special tokens. The NEZHA placeholder tokens <SP_1>..<SP_L> are reserved from the start so the
+# vocabulary (and therefore a checkpoint's embedding table) does not change between decoders.
+PAD, BOS, SEP = 0, 1, 2
+NUM_FIXED_SPECIAL = 3
+
+
+@dataclass(frozen=True)
+class SIDCodec:
+    codebook_sizes: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        sizes = tuple(int(t) for t in self.codebook_sizes)
+        if not sizes:
+            raise ValueError("a semantic ID needs at least one level (codebook_sizes is empty)")
+        if any(t < 1 for t in sizes):
+            raise ValueError(f"codebook sizes must be >= 1, got {sizes}")
+        if math.prod(sizes) >= 2**63:
+            raise ValueError(f"codebook sizes {sizes} overflow a 64-bit mixed-radix key")
+        object.__setattr__(self, "codebook_sizes", sizes)
+
+    # --- shape -------------------------------------------------------------------------------
+    @property
+    def levels(self) -> int:
+        return len(self.codebook_sizes)
+
+    @property
+    def num_special(self) -> int:
+        return NUM_FIXED_SPECIAL + self.levels
+
+    @property
+    def vocab_size(self) -> int:
+        return self.num_special + sum(self.codebook_sizes)
+
+    @property
+    def num_sids(self) -> int:
+        """Size of the full SID space, prod T_l."""
+        return math.prod(self.codebook_sizes)
+
+    def placeholder_token(self, level: int) -> int:
+        """Token id of the NEZHA placeholder <SP_{level+1}> (level is 0-based)."""
+        self._check_level(level)
+        return NUM_FIXED_SPECIAL + level
+
+    def level_offset(self, level: int) -> int:
+        """First token id of `level` (0-based)."""
+        self._check_level(level)
+        return self.num_special + sum(self.codebook_sizes[:level])
+
+    def level_range(self, level: int) -> tuple[int, int]:
+        """Half-open token-id range [start, end) of `level` (0-based)."""
+        start = self.level_offset(level)
+        return start, start + self.codebook_sizes[level]
+
+    def _check_level(self, level: int) -> None:
+        if not 0 <= level < self.levels:
+            raise IndexError(f"level {level} out of range for {self.levels} levels")
+
+    # --- codes <-> tokens ----------------------------------------------------------------------
+    def offsets(self) -> np.ndarray:
+        return np.array([self.level_offset(l) for l in range(self.levels)], dtype=np.int64)
+
+    def validate_codes(self, codes: np.ndarray, what: str = "semantic IDs") -> np.ndarray:
+        """Check an [N, L] array of codes against the codebook sizes; returns it as int64."""
+        codes = np.asarray(codes)
+        if codes.ndim != 2 or codes.shape[1] != self.levels:
+            raise ValueError(
+                f"{what}: expected shape [N, {self.levels}] (one code per level), got {list(codes.shape)}"
+            )
+        codes = codes.astype(np.int64, copy=False)
+        sizes = np.array(self.codebook_sizes, dtype=np.int64)
+        bad = (codes < 0) | (codes >= sizes)
+        if bad.any():
+            row, level = map(int, np.argwhere(bad)[0])
+            raise ValueError(
+                f"{what}: row {row} level {level} has code {int(codes[row, level])}, "
+                f"outside the codebook [0, {self.codebook_sizes[level]})"
+            )
+        return codes
+
+    def codes_to_tokens(self, codes: np.ndarray | torch.Tensor) -> np.ndarray | torch.Tensor:
+        """[..., L] codes -> [..., L] token ids (no range check; use validate_codes on input data)."""
+        if isinstance(codes, torch.Tensor):
+            return codes + torch.as_tensor(self.offsets(), device=codes.device, dtype=codes.dtype)
+        return np.asarray(codes, dtype=np.int64) + self.offsets()
+
+    def tokens_to_codes(self, tokens: np.ndarray | torch.Tensor) -> np.ndarray | torch.Tensor:
+        if isinstance(tokens, torch.Tensor):
+            return tokens - torch.as_tensor(self.offsets(), device=tokens.device, dtype=tokens.dtype)
+        return np.asarray(tokens, dtype=np.int64) - self.offsets()
+
+    # --- codes <-> mixed-radix keys -------------------------------------------------------------
+    def radix_weights(self) -> np.ndarray:
+        """w_l = prod_{j > l} T_j, so key = codes @ w."""
+        w = np.ones(self.levels, dtype=np.int64)
+        for l in range(self.levels - 2, -1, -1):
+            w[l] = w[l + 1] * self.codebook_sizes[l + 1]
+        return w
+
+    def codes_to_keys(self, codes: np.ndarray | torch.Tensor) -> np.ndarray | torch.Tensor:
+        w = self.radix_weights()
+        if isinstance(codes, torch.Tensor):
+            return (codes.to(torch.int64) * torch.as_tensor(w, device=codes.device)).sum(-1)
+        return (np.asarray(codes, dtype=np.int64) * w).sum(-1)
+
+    def keys_to_codes(self, keys: np.ndarray | torch.Tensor) -> np.ndarray | torch.Tensor:
+        w = self.radix_weights()
+        sizes = np.array(self.codebook_sizes, dtype=np.int64)
+        if isinstance(keys, torch.Tensor):
+            wt = torch.as_tensor(w, device=keys.device)
+            st = torch.as_tensor(sizes, device=keys.device)
+            return (keys.to(torch.int64).unsqueeze(-1) // wt) % st
+        keys = np.asarray(keys, dtype=np.int64)
+        return (keys[..., None] // w) % sizes
+
+    # --- serialisation ------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return {"codebook_sizes": list(self.codebook_sizes)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> SIDCodec:
+        return cls(tuple(d["codebook_sizes"]))
+
+
+def resolve_collisions(codes: np.ndarray) -> tuple[np.ndarray, dict]:
+    """Append a disambiguation level so every item gets a distinct SID (as TIGER does).
+
+    Items that share the same L codes get 0, 1, 2, ... in an extra level, in input order; unique
+    items get 0. The new level's codebook size is the largest collision group. Returns the
+    [N, L+1] codes and statistics for the manifest.
+    """
+    codes = np.asarray(codes, dtype=np.int64)
+    if codes.ndim != 2:
+        raise ValueError(f"expected [N, L] codes, got shape {list(codes.shape)}")
+    n = codes.shape[0]
+    _, inverse, counts = np.unique(codes, axis=0, return_inverse=True, return_counts=True)
+    inverse = inverse.reshape(-1)
+    # rank of each item within its group, in input order (stable sort keeps input order)
+    order = np.argsort(inverse, kind="stable")
+    group_start = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    rank_sorted = np.arange(n) - group_start[inverse[order]]
+    extra = np.empty(n, dtype=np.int64)
+    extra[order] = rank_sorted
+    stats = {
+        "items": int(n),
+        "distinct_before": int(len(counts)),
+        "colliding_items": int(counts[counts > 1].sum()),
+        "collision_groups": int((counts > 1).sum()),
+        "max_group_size": int(counts.max()) if n else 0,
+    }
+    return np.concatenate([codes, extra[:, None]], axis=1), stats
+
+
+def codebook_utilisation(codes: np.ndarray, codebook_sizes: tuple[int, ...]) -> list[float]:
+    """Fraction of each level's codebook that at least one item uses."""
+    codes = np.asarray(codes)
+    return [len(np.unique(codes[:, l])) / t for l, t in enumerate(codebook_sizes)]
+
+
+def ensure_unique_sids(
+    codes: np.ndarray, codebook_sizes: tuple[int, ...]
+) -> tuple[np.ndarray, tuple[int, ...], dict]:
+    """Return codes with distinct rows: unchanged if already unique, else with a disambiguation level.
+
+    The returned stats always say what happened, so manifests record it either way.
+    """
+    extended, stats = resolve_collisions(codes)
+    if stats["colliding_items"] == 0:
+        stats["disambiguation_level"] = False
+        return np.asarray(codes, dtype=np.int64), tuple(codebook_sizes), stats
+    stats["disambiguation_level"] = True
+    return extended, (*codebook_sizes, stats["max_group_size"]), stats
