@@ -1,1 +1,1 @@
-"""genrec.workloads.models"""
+"""Models: the GR transformer with its KV-cache API, prompt building and checkpoints."""

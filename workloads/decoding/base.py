@@ -1,0 +1,174 @@
+"""What every decoder shares: the context it decodes with, its result, timing, and the registry.
+
+A decoder is a class with a name, a typed `Params` dataclass and
+    decode(ctx: DecoderContext, histories: list[list[int]], params) -> DecodeResult.
+Decoders register by name so sweeps, the CLI and the Serve app can pick one by string.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar, Protocol
+
+import numpy as np
+import torch
+
+from genrec.workloads.errors import UserInputError
+from genrec.workloads.models.inputs import build_prompts, item_token_table
+from genrec.workloads.models.transformer import GRTransformer
+from genrec.workloads.sid_codec import SIDCodec
+
+PHASES = ("prefill", "draft", "verify", "decode", "system")
+
+
+class ItemIndex:
+    """SID -> item id lookup on the decoding device: a sorted int64 tensor of mixed-radix keys.
+
+    `lookup` is one searchsorted per batch, so validity checks never leave the device.
+    """
+
+    def __init__(self, codec: SIDCodec, item_codes: np.ndarray, device: torch.device | str = "cpu") -> None:
+        keys = np.asarray(codec.codes_to_keys(codec.validate_codes(item_codes, "item SIDs")), dtype=np.int64)
+        order = np.argsort(keys, kind="stable")
+        if len(keys) > 1 and (np.diff(keys[order]) == 0).any():
+            raise UserInputError("two items share a semantic ID; resolve collisions before decoding")
+        self.codec = codec
+        self.keys = torch.from_numpy(keys[order]).to(device)
+        self.item_ids = torch.from_numpy(order.astype(np.int64)).to(device)
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def lookup(self, codes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """codes [..., L] -> (item ids [...] with -1 where invalid, valid mask [...])."""
+        keys = self.codec.codes_to_keys(codes)
+        pos = torch.searchsorted(self.keys, keys).clamp(max=len(self.keys) - 1)
+        valid = self.keys[pos] == keys
+        return torch.where(valid, self.item_ids[pos], torch.full_like(pos, -1)), valid
+
+
+@dataclass
+class DecoderContext:
+    """Everything a decoder needs, loaded once per process (a trial, an actor, an eval run)."""
+
+    model: GRTransformer
+    codec: SIDCodec
+    item_codes: np.ndarray  # [num_items, L]
+    max_items: int  # history items per prompt
+    popularity: np.ndarray | None = None  # train interactions per item (popularity baseline)
+    item_tokens: np.ndarray = field(init=False)
+    index: ItemIndex = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.item_tokens = item_token_table(self.codec, self.item_codes)
+        self.index = ItemIndex(self.codec, self.item_codes, self.device)
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    def prompts(self, histories: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        n = len(self.item_codes)
+        for i, h in enumerate(histories):
+            bad = [x for x in h if not 0 <= x < n]
+            if bad:
+                raise UserInputError(f"history {i}: unknown item ids {bad[:5]} (valid ids are 0..{n - 1})")
+        return build_prompts(histories, self.item_tokens, self.max_items, self.device)
+
+
+@dataclass
+class DecodeResult:
+    codes: torch.Tensor  # [B, K, L] SID codes, best first
+    scores: torch.Tensor  # [B, K] log-probabilities (decoder-specific scale)
+    item_ids: torch.Tensor  # [B, K], -1 where the SID maps to no item
+    valid: torch.Tensor  # [B, K] bool
+    timings_ms: dict[str, float] = field(default_factory=dict)
+    counters: dict[str, int] = field(default_factory=dict)
+
+
+class PhaseTimer:
+    """Accumulates wall time per phase; synchronises CUDA so GPU work is counted where it runs."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.ms: dict[str, float] = {}
+
+    def _sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def phase(self, name: str) -> _Phase:
+        return _Phase(self, name)
+
+    def add(self, name: str, ns: int) -> None:
+        self.ms[name] = self.ms.get(name, 0.0) + ns / 1e6
+
+
+class _Phase:
+    def __init__(self, timer: PhaseTimer, name: str) -> None:
+        self.timer, self.name = timer, name
+
+    def __enter__(self) -> _Phase:
+        self.timer._sync()
+        self.t0 = time.perf_counter_ns()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.timer._sync()
+        self.timer.add(self.name, time.perf_counter_ns() - self.t0)
+
+
+class Decoder(Protocol):
+    name: ClassVar[str]
+    Params: ClassVar[type]
+
+    def decode(self, ctx: DecoderContext, histories: list[list[int]], params: Any) -> DecodeResult: ...
+
+
+_REGISTRY: dict[str, type] = {}
+
+
+def register_decoder(cls: type) -> type:
+    if cls.name in _REGISTRY:
+        raise ValueError(f"decoder {cls.name!r} registered twice")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def decoder_names() -> list[str]:
+    _import_builtin_decoders()
+    return sorted(_REGISTRY)
+
+
+def get_decoder(name: str) -> Decoder:
+    _import_builtin_decoders()
+    if name not in _REGISTRY:
+        raise UserInputError(f"unknown decoder {name!r}; choose one of {sorted(_REGISTRY)}")
+    return _REGISTRY[name]()
+
+
+def make_params(decoder: Decoder, values: dict[str, Any]) -> Any:
+    """Build a decoder's Params from a dict, rejecting unknown names with the valid ones listed."""
+    valid = {f.name for f in fields(decoder.Params)}
+    unknown = sorted(set(values) - valid)
+    if unknown:
+        raise UserInputError(f"decoder {decoder.name!r} has no parameter {unknown}; valid: {sorted(valid)}")
+    params = decoder.Params(**values)
+    check = getattr(params, "validate", None)
+    if check is not None:
+        check()
+    return params
+
+
+def decoder_parameters(name: str) -> dict[str, Any]:
+    """Parameter names and defaults of a decoder (for `genrec eval --help`, Serve's /decoders)."""
+    dec = get_decoder(name)
+    return {f.name: f.default for f in fields(dec.Params)}
+
+
+def _import_builtin_decoders() -> None:
+    # importing the modules runs their @register_decoder; done lazily so base stays import-light
+    from genrec.workloads.decoding import beam, popular  # noqa: F401
+
+

@@ -1,0 +1,44 @@
+"""Most-popular baseline: the same top-K for every user, the train split's most frequent items.
+
+It runs through the same evaluation as the model decoders, as a sanity floor for quality.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+import torch
+
+from genrec.workloads.decoding.base import DecodeResult, DecoderContext, PhaseTimer, register_decoder
+from genrec.workloads.errors import UserInputError
+
+
+@dataclass
+class PopularParams:
+    k: int = 10
+
+    def validate(self) -> None:
+        if self.k < 1:
+            raise UserInputError(f"k must be >= 1, got {self.k}")
+
+
+@register_decoder
+class MostPopular:
+    name: ClassVar[str] = "popular"
+    Params: ClassVar[type] = PopularParams
+
+    def decode(self, ctx: DecoderContext, histories: list[list[int]], params: PopularParams) -> DecodeResult:
+        params.validate()
+        if ctx.popularity is None:
+            raise UserInputError("the popular decoder needs item popularity (evaluate with a dataset)")
+        timer = PhaseTimer(ctx.device)
+        with timer.phase("decode"):
+            k = min(params.k, len(ctx.popularity))
+            top = np.argsort(-ctx.popularity, kind="stable")[:k]
+            b = len(histories)
+            ids = torch.from_numpy(top).to(ctx.device).expand(b, k)
+            codes = torch.from_numpy(ctx.item_codes[top]).to(ctx.device).expand(b, k, -1)
+            scores = torch.from_numpy(np.log1p(ctx.popularity[top]).astype(np.float32)).to(ctx.device).expand(b, k)
+        return DecodeResult(codes, scores, ids, torch.ones(b, k, dtype=torch.bool), dict(timer.ms), {"model_calls": 0})

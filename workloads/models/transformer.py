@@ -1,0 +1,318 @@
+"""A decoder-only transformer (RMSNorm, RoPE, SwiGLU) with the KV-cache API that decoders drive.
+
+Layer and weight names follow the Llama layout (q_proj, gate_proj, input_layernorm, ...) so the
+same weights load into a Hugging Face `LlamaForCausalLM` for side-by-side comparisons.
+
+Decoders use four calls:
+    out = model.prefill(tokens, mask)          # once per user; logits + hidden of the last position
+    cache = out.cache.expand(beams, steps)     # view the prompt cache as `beams` rows per user
+    step = model.step(next_tokens, cache)      # append one token per beam row
+    cache.reorder(parent)                      # beams follow their parents after top-k
+
+The prompt's keys/values are stored once per user, not once per beam: a decode step attends to
+the shared prompt cache and to the beam's own (short) cache, merged in one softmax. Reordering
+beams therefore copies only the few decoded steps, never the prompt (the layout xGR describes).
+Prompts are left-padded: `mask` marks real tokens and positions count real tokens only, so rows
+of different lengths decode in lock step.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int
+    dim: int = 64
+    n_layers: int = 2
+    n_heads: int = 4
+    hidden_dim: int = 0  # SwiGLU width; 0 -> 8/3 * dim rounded up to a multiple of 32
+    max_seq_len: int = 1024
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-6
+
+    def __post_init__(self) -> None:
+        if self.dim % self.n_heads or (self.dim // self.n_heads) % 2:
+            raise ValueError(f"dim {self.dim} must split into {self.n_heads} heads of even size")
+        if self.hidden_dim == 0:
+            object.__setattr__(self, "hidden_dim", 32 * math.ceil(8 * self.dim / 3 / 32))
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# Named sizes. tiny trains in seconds in CI; small is the CPU benchmark model; base is for GPUs.
+MODEL_SIZES: dict[str, dict] = {
+    "tiny": dict(dim=64, n_layers=2, n_heads=4),
+    "small": dict(dim=128, n_layers=4, n_heads=4),
+    "base": dict(dim=512, n_layers=8, n_heads=8),
+}
+
+
+def model_config_for(size: str, vocab_size: int, max_seq_len: int) -> ModelConfig:
+    if size not in MODEL_SIZES:
+        from genrec.workloads.errors import UserInputError
+
+        raise UserInputError(f"unknown model size {size!r}; choose one of {sorted(MODEL_SIZES)}")
+    return ModelConfig(vocab_size=vocab_size, max_seq_len=max_seq_len, **MODEL_SIZES[size])
+
+
+# --- building blocks ------------------------------------------------------------------------------
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        # normalise in fp32 (as Llama does) so bf16 training stays stable
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+def rope_cos_sin(positions: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
+    """cos/sin tables [..., head_dim] for integer positions (half-split layout, as in Llama)."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim)
+    freqs = positions.float()[..., None] * inv_freq
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x [B, H, S, hd]; cos/sin [B, S, hd]."""
+    cos, sin = cos[:, None].to(x.dtype), sin[:, None].to(x.dtype)
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+# --- the KV cache -----------------------------------------------------------------------------
+@dataclass
+class KVCache:
+    """Prompt cache shared by a user's beams + a per-beam cache of decoded steps.
+
+    prefix_k/v[layer]: [B, H, S, hd]      one copy per user
+    prefix_mask:       [B, S] bool        real (non-pad) prompt tokens
+    prefix_len:        [B] long           real prompt tokens = position of the first decoded token
+    beam_k/v[layer]:   [B*W, H, T, hd]    T = capacity in decoded steps; row b*W + j is beam j of user b
+    """
+
+    prefix_k: list[Tensor]
+    prefix_v: list[Tensor]
+    prefix_mask: Tensor
+    prefix_len: Tensor
+    beams: int = 1
+    steps: int = 0
+    beam_k: list[Tensor] = field(default_factory=list)
+    beam_v: list[Tensor] = field(default_factory=list)
+
+    @property
+    def batch(self) -> int:
+        return self.prefix_mask.shape[0]
+
+    @property
+    def rows(self) -> int:
+        return self.batch * self.beams
+
+    def expand(self, beams: int, max_steps: int) -> KVCache:
+        """A cache with `beams` rows per user and room for `max_steps` decoded tokens.
+
+        The prompt part is shared, not copied. Any steps already decoded are repeated per beam.
+        """
+        if beams < 1 or max_steps < self.steps:
+            raise ValueError(f"expand needs beams >= 1 and max_steps >= {self.steps}")
+        if self.steps and beams % self.beams:
+            raise ValueError(f"cannot expand {self.beams} beams with decoded steps to {beams} beams")
+        new_k, new_v = [], []
+        for layer, pk in enumerate(self.prefix_k):
+            bk = pk.new_zeros(self.batch * beams, pk.shape[1], max_steps, pk.shape[3])
+            bv = torch.zeros_like(bk)
+            if self.steps:
+                rep = beams // self.beams
+                bk[:, :, : self.steps] = self.beam_k[layer][:, :, : self.steps].repeat_interleave(rep, dim=0)
+                bv[:, :, : self.steps] = self.beam_v[layer][:, :, : self.steps].repeat_interleave(rep, dim=0)
+            new_k.append(bk)
+            new_v.append(bv)
+        return KVCache(self.prefix_k, self.prefix_v, self.prefix_mask, self.prefix_len, beams, self.steps, new_k, new_v)
+
+    def reorder(self, parent: Tensor) -> None:
+        """Row i takes the decoded steps of row parent[i] (flat indices into B*W), in place."""
+        if self.steps == 0:
+            return
+        for k, v in zip(self.beam_k, self.beam_v):
+            k[:, :, : self.steps] = k.index_select(0, parent)[:, :, : self.steps]
+            v[:, :, : self.steps] = v.index_select(0, parent)[:, :, : self.steps]
+
+
+@dataclass
+class PrefillOutput:
+    logits: Tensor  # [B, V] at the last prompt position
+    hidden: Tensor  # [B, D] final (normed) hidden state at the last prompt position
+    cache: KVCache
+    all_hidden: Tensor | None = None  # [B, S, D] when asked for (NEZHA reads the placeholder states)
+
+
+@dataclass
+class StepOutput:
+    logits: Tensor  # [B*W, V]
+    hidden: Tensor  # [B*W, D]
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.n_heads, self.head_dim = cfg.n_heads, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.dim, cfg.dim, bias=False)
+        self.k_proj = nn.Linear(cfg.dim, cfg.dim, bias=False)
+        self.v_proj = nn.Linear(cfg.dim, cfg.dim, bias=False)
+        self.o_proj = nn.Linear(cfg.dim, cfg.dim, bias=False)
+
+    def _qkv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        b, s, _ = x.shape
+        shape = (b, s, self.n_heads, self.head_dim)
+        q = self.q_proj(x).view(shape).transpose(1, 2)
+        k = self.k_proj(x).view(shape).transpose(1, 2)
+        v = self.v_proj(x).view(shape).transpose(1, 2)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def forward_full(self, x: Tensor, cos: Tensor, sin: Tensor, attn_mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        q, k, v = self._qkv(x, cos, sin)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+        b, _, s, _ = out.shape
+        return self.o_proj(out.transpose(1, 2).reshape(b, s, -1)), k, v
+
+    def forward_step(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache, layer: int) -> Tensor:
+        """x [B*W, 1, D]: attend to the shared prompt and to this beam's decoded steps."""
+        q, k, v = self._qkv(x, cos, sin)  # [N, H, 1, hd]
+        t = cache.steps
+        cache.beam_k[layer][:, :, t] = k[:, :, 0]
+        cache.beam_v[layer][:, :, t] = v[:, :, 0]
+        bsz, w, h, hd = cache.batch, cache.beams, self.n_heads, self.head_dim
+        scale = 1.0 / math.sqrt(hd)
+        # shared stage: all W beams of a user against the user's prompt, one batched matmul
+        qg = q.view(bsz, w, h, hd).transpose(1, 2)  # [B, H, W, hd]
+        s_prefix = (qg @ cache.prefix_k[layer].transpose(-1, -2)) * scale  # [B, H, W, S]
+        s_prefix = s_prefix.masked_fill(~cache.prefix_mask[:, None, None, :], float("-inf"))
+        # unshared stage: each beam against its own decoded steps
+        kb, vb = cache.beam_k[layer][:, :, : t + 1], cache.beam_v[layer][:, :, : t + 1]
+        s_beam = (q @ kb.transpose(-1, -2)) * scale  # [N, H, 1, t+1]
+        s_beam = s_beam.view(bsz, w, h, t + 1).transpose(1, 2)  # [B, H, W, t+1]
+        probs = torch.softmax(torch.cat([s_prefix, s_beam], dim=-1).float(), dim=-1).to(q.dtype)
+        s = s_prefix.shape[-1]
+        out = probs[..., :s] @ cache.prefix_v[layer]  # [B, H, W, hd]
+        p_beam = probs[..., s:].transpose(1, 2).reshape(bsz * w, h, 1, t + 1)
+        out = out.transpose(1, 2).reshape(bsz * w, h, 1, hd) + p_beam @ vb
+        return self.o_proj(out.transpose(1, 2).reshape(bsz * w, 1, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.dim, cfg.hidden_dim, bias=False)
+        self.up_proj = nn.Linear(cfg.dim, cfg.hidden_dim, bias=False)
+        self.down_proj = nn.Linear(cfg.hidden_dim, cfg.dim, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.mlp = MLP(cfg)
+
+
+class GRTransformer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        self.apply(self._init_weights)
+        for block in self.layers:  # scale residual outputs by depth (GPT-2 style) for stable training
+            for lin in (block.self_attn.o_proj, block.mlp.down_proj):
+                nn.init.normal_(lin.weight, std=0.02 / math.sqrt(2 * cfg.n_layers))
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear | nn.Embedding):
+            nn.init.normal_(module.weight, std=0.02)
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.weight.device
+
+    # --- full-sequence forward (training and the recomputation reference) --------------------
+    def forward(self, tokens: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """tokens [B, S] left-padded, mask [B, S] bool -> (logits [B, S, V], hidden [B, S, D])."""
+        hidden, _, _ = self._run_full(tokens, mask, keep_kv=False)
+        return self.lm_head(hidden), hidden
+
+    def _run_full(self, tokens: Tensor, mask: Tensor | None, keep_kv: bool):
+        if mask is None:
+            mask = torch.ones_like(tokens, dtype=torch.bool)
+        b, s = tokens.shape
+        if s > self.config.max_seq_len:
+            raise ValueError(f"sequence of {s} tokens exceeds max_seq_len {self.config.max_seq_len}")
+        positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+        cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta)
+        causal = torch.ones(s, s, dtype=torch.bool, device=tokens.device).tril()
+        # a pad query sees only itself, so no softmax row is empty (its output is never used)
+        eye = torch.eye(s, dtype=torch.bool, device=tokens.device)
+        attn_mask = ((causal & mask[:, None, :]) | eye)[:, None]  # [B, 1, S, S]
+        x = self.embed_tokens(tokens)
+        ks, vs = [], []
+        for block in self.layers:
+            a, k, v = block.self_attn.forward_full(block.input_layernorm(x), cos, sin, attn_mask)
+            x = x + a
+            x = x + block.mlp(block.post_attention_layernorm(x))
+            if keep_kv:
+                ks.append(k)
+                vs.append(v)
+        return self.norm(x), ks, vs
+
+    # --- the decoding API -------------------------------------------------------------------
+    @torch.no_grad()
+    def prefill(self, tokens: Tensor, mask: Tensor, return_all_hidden: bool = False) -> PrefillOutput:
+        """Run the left-padded prompts once; the last column must be a real token of every row."""
+        if not bool(mask[:, -1].all()):
+            raise ValueError("prompts must be left-padded: the last position of every row must be real")
+        hidden, ks, vs = self._run_full(tokens, mask, keep_kv=True)
+        last = hidden[:, -1]
+        cache = KVCache(ks, vs, mask, mask.long().sum(-1))
+        return PrefillOutput(self.lm_head(last), last, cache, hidden if return_all_hidden else None)
+
+    @torch.no_grad()
+    def step(self, tokens: Tensor, cache: KVCache) -> StepOutput:
+        """Append one token per cache row (tokens [B*W]); returns that position's logits and hidden."""
+        if tokens.shape != (cache.rows,):
+            raise ValueError(f"step expects {cache.rows} tokens (batch x beams), got {tuple(tokens.shape)}")
+        if not cache.beam_k or cache.steps >= cache.beam_k[0].shape[2]:
+            raise ValueError("cache has no room for another step; call cache.expand(beams, max_steps) first")
+        pos = cache.prefix_len.repeat_interleave(cache.beams) + cache.steps  # [N]
+        cos, sin = rope_cos_sin(pos[:, None], self.config.head_dim, self.config.rope_theta)
+        x = self.embed_tokens(tokens)[:, None]  # [N, 1, D]
+        for i, block in enumerate(self.layers):
+            x = x + block.self_attn.forward_step(block.input_layernorm(x), cos, sin, cache, i)
+            x = x + block.mlp(block.post_attention_layernorm(x))
+        cache.steps += 1
+        hidden = self.norm(x[:, 0])
+        return StepOutput(self.lm_head(hidden), hidden)
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
