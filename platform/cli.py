@@ -23,24 +23,36 @@ tokenize_commands.register(app)
 model_commands.register(app)
 
 
+# Options that take several values after one flag (`--k 5 10`); click wants `--k 5 --k 10`.
+MULTI_VALUE_OPTIONS = ("--k",)
+
+
+def expand_multi_value_options(argv: list[str]) -> list[str]:
+    out: list[str] = []
+    current = None
+    for arg in argv:
+        if arg in MULTI_VALUE_OPTIONS:
+            current = arg
+            continue
+        if current and not arg.startswith("-"):
+            out += [current, arg]
+            continue
+        current = None
+        out.append(arg)
+    if current:  # a trailing flag without values: let click report the missing value
+        out.append(current)
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: bad input exits 2 with a one-line message instead of a traceback."""
+    argv = expand_multi_value_options(list(sys.argv[1:] if argv is None else argv))
     try:
-        app(args=argv, standalone_mode=False)
+        # standalone mode: click turns usage errors into exit code 2 and --help into 0 itself
+        app(args=argv, standalone_mode=True)
     except UserInputError as e:
         typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
         sys.exit(2)
-    except Exception as e:  # click's usage errors carry their own exit code
-        import click
-
-        if isinstance(e, click.exceptions.ClickException):
-            e.show()
-            sys.exit(e.exit_code)
-        if isinstance(e, click.exceptions.Abort):
-            sys.exit(130)
-        raise
-    # standalone_mode=False returns the exit code instead of raising SystemExit
-
 
 if __name__ == "__main__":
     main()

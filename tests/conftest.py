@@ -1,0 +1,34 @@
+"""Shared fixtures: the repo root, the optional real data, a tiny trained model built once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+BEAUTY = REPO.parent / "shared" / "datasets" / "beauty"
+
+
+def require_beauty() -> Path:
+    if not (BEAUTY / "sequential_train.txt").is_file():
+        pytest.skip(f"real Beauty data not present at {BEAUTY} (only in checkouts with ../shared/datasets)")
+    return BEAUTY
+
+
+@pytest.fixture(scope="session")
+def synth_dir(tmp_path_factory) -> Path:
+    from genrec.workloads.data.synth import SynthConfig, synth_dataset
+
+    out = tmp_path_factory.mktemp("data") / "synth"
+    synth_dataset(SynthConfig(seed=0, num_users=400, num_items=200, levels=3, codebook_size=8), out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(synth_dir, tmp_path_factory) -> Path:
+    from genrec.workloads.training.trainer import TrainConfig, train
+
+    out = tmp_path_factory.mktemp("models") / "tiny"
+    train(synth_dir, out, TrainConfig(model_size="tiny", epochs=4, batch_size=64, warmup_steps=10), progress=False)
+    return out

@@ -1,0 +1,47 @@
+"""Metrics against hand-computed values and a brute-force NDCG definition."""
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from genrec.workloads.metrics import latency_summary, ranking_metrics, user_metrics
+
+
+def test_single_target_hand_values():
+    hr, rec, ndcg = user_metrics([5, 7, 9], [7], k=3)
+    assert hr == 1 and rec == 1 and ndcg == pytest.approx(1 / math.log2(3))
+    assert user_metrics([5, 7, 9], [7], k=1) == (0.0, 0.0, 0.0)
+
+
+def test_multi_target_recall_and_ideal_dcg():
+    hr, rec, ndcg = user_metrics([1, 2, 3, 4], [2, 4, 8], k=4)
+    assert hr == 1 and rec == pytest.approx(2 / 3)
+    ideal = 1 + 1 / math.log2(3) + 1 / math.log2(4)
+    assert ndcg == pytest.approx((1 / math.log2(3) + 1 / math.log2(5)) / ideal)
+
+
+def test_duplicates_and_invalid_items_never_hit_twice():
+    assert user_metrics([3, 3, -1], [3], k=3)[1] == 1.0
+    assert user_metrics([-1, -1], [3], k=2) == (0.0, 0.0, 0.0)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    ranked=st.lists(st.integers(0, 15), max_size=12, unique=True),
+    targets=st.lists(st.integers(0, 15), min_size=1, max_size=5, unique=True),
+    k=st.integers(1, 12),
+)
+def test_bounds_and_consistency(ranked, targets, k):
+    m = ranking_metrics([ranked], [targets], [k])
+    assert 0 <= m[f"recall@{k}"] <= m[f"hr@{k}"] <= 1
+    assert 0 <= m[f"ndcg@{k}"] <= 1 + 1e-12
+    # a perfect ranking has NDCG 1
+    assert ranking_metrics([targets], [targets], [k])[f"ndcg@{k}"] == pytest.approx(1.0)
+
+
+def test_latency_summary():
+    s = latency_summary(list(range(1, 101)))
+    assert s["p50"] == pytest.approx(50.5) and s["p99"] == pytest.approx(99.01) and s["mean"] == 50.5
+    assert latency_summary([]) == {}

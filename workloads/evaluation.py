@@ -1,0 +1,168 @@
+"""`genrec eval`: run a registered decoder over a split and produce a result row.
+
+Quality (HR/NDCG/Recall@K, invalid-SID rate) over every evaluated user; latency per batch after
+warm-up batches that are decoded but not timed. The same function evaluates the most-popular
+baseline, so it is measured exactly like the model decoders.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from genrec.workloads.data.dataset import Dataset, load_dataset
+from genrec.workloads.decoding.base import DecoderContext, get_decoder, make_params
+from genrec.workloads.errors import UserInputError
+from genrec.workloads.metrics import latency_summary, ranking_metrics
+from genrec.workloads.models.checkpoint import Checkpoint, load_checkpoint
+from genrec.workloads.results import ResultRow, current_environment, peak_memory_mb
+from genrec.workloads.training.trainer import resolve_device
+
+
+@dataclass
+class EvalConfig:
+    decoder: str = "beam"
+    params: dict = field(default_factory=dict)  # decoder parameters, e.g. {"beam_width": 10}
+    split: str = "test"
+    ks: tuple[int, ...] = (5, 10)
+    batch_size: int = 64
+    warmup_batches: int = 2
+    max_users: int = 0  # 0 = every user with a target in the split
+    device: str = "auto"
+    threads: int = 0
+    seed: int = 0
+    experiment: str = "adhoc"
+
+    def validate(self) -> None:
+        if self.split not in ("valid", "test"):
+            raise UserInputError(f"split must be valid or test, got {self.split!r}")
+        if not self.ks or min(self.ks) < 1:
+            raise UserInputError(f"--k values must be >= 1, got {list(self.ks)}")
+        if self.batch_size < 1:
+            raise UserInputError(f"batch_size must be >= 1, got {self.batch_size}")
+
+
+@dataclass
+class EvalOutput:
+    row: ResultRow
+    ranked: list[list[int]]  # item ids per user, best first (-1 = invalid SID)
+    targets: list[list[int]]
+    user_ids: list[int]
+
+
+def load_context(model_dir: str | os.PathLike, data_dir: str | os.PathLike | None, device: str = "auto") -> tuple[DecoderContext, Dataset, Checkpoint]:
+    """Load a checkpoint and the dataset it was trained on (or `data_dir`), checking they fit."""
+    ckpt = load_checkpoint(model_dir, resolve_device(device))
+    data_dir = data_dir or ckpt.meta.get("dataset")
+    if not data_dir:
+        raise UserInputError(f"{model_dir}: the checkpoint names no dataset; pass --data DIR")
+    ds = load_dataset(data_dir)
+    if tuple(ds.codec.codebook_sizes) != ckpt.codec.codebook_sizes:
+        raise UserInputError(
+            f"dataset {data_dir} has codebook sizes {ds.codec.codebook_sizes}, but the model was trained "
+            f"for {ckpt.codec.codebook_sizes}; evaluate on the dataset the model was trained on"
+        )
+    ctx = DecoderContext(ckpt.model, ckpt.codec, ds.item_codes(), ckpt.max_items, ds.item_popularity("train"))
+    return ctx, ds, ckpt
+
+
+def resolve_params(decoder_name: str, params: dict, ks: tuple[int, ...]) -> object:
+    """Decoder params with k defaulting to the largest K evaluated."""
+    decoder = get_decoder(decoder_name)
+    values = dict(params)
+    names = {f.name for f in fields(decoder.Params)}
+    if "k" in names:
+        values.setdefault("k", max(ks))
+        if values["k"] < max(ks):
+            raise UserInputError(f"decoder k={values['k']} is smaller than the largest --k {max(ks)}")
+    if "beam_width" in names:
+        values.setdefault("beam_width", max(values.get("k", 1), 10))
+    return make_params(decoder, values)
+
+
+def evaluate(
+    ctx: DecoderContext, ds: Dataset, cfg: EvalConfig, model_name: str = "", progress: bool = True
+) -> EvalOutput:
+    cfg.validate()
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    decoder = get_decoder(cfg.decoder)
+    params = resolve_params(cfg.decoder, cfg.params, cfg.ks)
+    examples = ds.eval_examples(cfg.split)
+    if cfg.max_users:
+        examples = examples[: cfg.max_users]
+    if not examples:
+        raise UserInputError(f"{ds.root}: no user has both history and a {cfg.split} target")
+    batches = [examples[i : i + cfg.batch_size] for i in range(0, len(examples), cfg.batch_size)]
+
+    for batch in batches[: cfg.warmup_batches]:  # warm-up: allocator, kernels, caches; not timed
+        decoder.decode(ctx, [ex.history for ex in batch], params)
+
+    ranked, valid_flags, latencies = [], [], []
+    phase_totals: dict[str, float] = {}
+    counter_totals: dict[str, float] = {}
+    t_start = time.perf_counter()
+    for batch in tqdm(batches, disable=not progress, desc=f"eval {cfg.decoder}", unit="batch", dynamic_ncols=True):
+        t0 = time.perf_counter_ns()
+        res = decoder.decode(ctx, [ex.history for ex in batch], params)
+        if ctx.device.type == "cuda":
+            torch.cuda.synchronize()
+        latencies.append((time.perf_counter_ns() - t0) / 1e6)
+        ranked += res.item_ids.cpu().tolist()
+        valid_flags.append(res.valid.cpu().numpy().reshape(-1))
+        for k, v in res.timings_ms.items():
+            phase_totals[k] = phase_totals.get(k, 0.0) + v
+        for k, v in res.counters.items():
+            counter_totals[k] = counter_totals.get(k, 0.0) + v
+    wall = time.perf_counter() - t_start
+
+    targets = [ex.targets for ex in examples]
+    quality = ranking_metrics(ranked, targets, cfg.ks)
+    quality["invalid_rate"] = float(1 - np.concatenate(valid_flags).mean())
+    row = ResultRow(
+        decoder=cfg.decoder,
+        decoder_params=vars(params).copy(),
+        dataset=ds.manifest.name,
+        model=model_name,
+        split=cfg.split,
+        env=current_environment(ctx.device),
+        quality=quality,
+        latency_ms=latency_summary(latencies),
+        timings_ms={k: v / len(batches) for k, v in phase_totals.items()},
+        counters={k: v / len(batches) for k, v in counter_totals.items()},
+        users=len(examples),
+        batch_size=cfg.batch_size,
+        throughput_users_per_s=len(examples) / wall,
+        memory_peak_mb=peak_memory_mb(ctx.device),
+        seed=cfg.seed,
+        experiment=cfg.experiment,
+    )
+    return EvalOutput(row, ranked, targets, [ex.user_id for ex in examples])
+
+
+def format_table(rows: list[ResultRow], ks: tuple[int, ...]) -> str:
+    """A plain-text table of quality and latency, one line per result row."""
+    metric_cols = [f"{m}@{k}" for k in ks for m in ("hr", "ndcg", "recall")] + ["invalid_rate"]
+    header = ["decoder", "params", *metric_cols, "p50 ms", "p99 ms", "users/s"]
+    lines = []
+    for r in rows:
+        params = ",".join(f"{k}={v}" for k, v in r.decoder_params.items())
+        lines.append(
+            [r.decoder, params]
+            + [f"{r.quality.get(c, float('nan')):.4f}" for c in metric_cols]
+            + [f"{r.latency_ms.get('p50', 0):.2f}", f"{r.latency_ms.get('p99', 0):.2f}", f"{r.throughput_users_per_s:.1f}"]
+        )
+    widths = [max(len(h), *(len(l[i]) for l in lines)) for i, h in enumerate(header)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    return "\n".join([fmt.format(*header), fmt.format(*("-" * w for w in widths)), *(fmt.format(*l) for l in lines)])
+
+
+def model_label(model_dir: str | os.PathLike) -> str:
+    return Path(model_dir).resolve().name

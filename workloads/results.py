@@ -1,0 +1,124 @@
+"""The result row: one schema shared by eval, sweeps, serving load tests and reports.
+
+Nested while it is built (quality, latency, timings, counters, params), flattened to one level of
+scalar columns for Parquet and MLflow by `to_flat()`.
+"""
+
+from __future__ import annotations
+
+import json
+import platform as py_platform
+import resource
+import subprocess
+import sys
+import uuid
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import torch
+
+RESULT_SCHEMA_VERSION = 1
+
+
+@dataclass
+class Environment:
+    device: str
+    threads: int
+    torch_version: str
+    triton_version: str
+    python_version: str
+    git_commit: str
+    host: str
+
+
+def git_commit(repo: Path | None = None) -> str:
+    """HEAD of the checkout this code runs from, with '+dirty' for local changes; 'unknown' outside git."""
+    repo = repo or Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, timeout=5)
+        if head.returncode != 0:
+            return "unknown"
+        dirty = subprocess.run(["git", "status", "--porcelain", "-uno"], cwd=repo, capture_output=True, text=True, timeout=5)
+        return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+
+
+def describe_device(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"cuda:{torch.cuda.get_device_name(device)}"
+    return f"cpu:{py_platform.processor() or py_platform.machine()}"
+
+
+def current_environment(device: torch.device) -> Environment:
+    try:
+        import triton  # noqa: PLC0415 - optional, present on GPU machines
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = "none"
+    return Environment(
+        device=describe_device(device),
+        threads=torch.get_num_threads(),
+        torch_version=torch.__version__,
+        triton_version=triton_version,
+        python_version=sys.version.split()[0],
+        git_commit=git_commit(),
+        host=py_platform.node(),
+    )
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak GPU memory allocated by torch on CUDA; the process's peak resident set on CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return kb / 1024 if sys.platform != "darwin" else kb / 2**20
+
+
+@dataclass
+class ResultRow:
+    decoder: str
+    decoder_params: dict
+    dataset: str
+    model: str
+    split: str
+    env: Environment
+    quality: dict[str, float] = field(default_factory=dict)  # hr@K, ndcg@K, recall@K, invalid_rate
+    latency_ms: dict[str, float] = field(default_factory=dict)  # per batch: mean, std, p50, p90, p99
+    timings_ms: dict[str, float] = field(default_factory=dict)  # mean per batch for each phase
+    counters: dict[str, float] = field(default_factory=dict)
+    users: int = 0
+    batch_size: int = 0
+    throughput_users_per_s: float = 0.0
+    memory_peak_mb: float = 0.0
+    seed: int = 0
+    experiment: str = "adhoc"
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    created_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
+    schema_version: int = RESULT_SCHEMA_VERSION
+
+    def to_flat(self) -> dict[str, object]:
+        d = asdict(self)
+        flat: dict[str, object] = {}
+        for key, value in d.items():
+            if key == "env":
+                flat.update(value)
+            elif key == "quality":
+                flat.update(value)
+            elif key == "decoder_params":
+                flat["decoder_params"] = json.dumps(value, sort_keys=True)
+                flat.update({f"param_{k}": v for k, v in value.items()})
+            elif key in ("latency_ms", "timings_ms"):
+                prefix = "latency" if key == "latency_ms" else "time"
+                flat.update({f"{prefix}_{k}_ms": v for k, v in value.items()})
+            elif key == "counters":
+                flat.update({f"count_{k}": v for k, v in value.items()})
+            else:
+                flat[key] = value
+        return flat
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True)
+

@@ -1,0 +1,235 @@
+"""`genrec train`: next-item training of the GR transformer on a dataset folder.
+
+AdamW with linear warm-up then cosine decay, gradient clipping, validation loss after every
+epoch, early stopping on it, and the best checkpoint kept (written atomically). The loss is on
+target SID tokens only (see models/inputs.py): every item of a training window after the first
+is predicted from the items before it. bf16 autocast is used on CUDA.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from genrec.workloads.data.dataset import Dataset, load_dataset
+from genrec.workloads.errors import UserInputError
+from genrec.workloads.models.checkpoint import Checkpoint, save_checkpoint
+from genrec.workloads.models.inputs import (
+    IGNORE,
+    build_training_batch,
+    item_token_table,
+    max_prompt_len,
+    training_windows,
+)
+from genrec.workloads.models.transformer import MODEL_SIZES, GRTransformer, model_config_for
+
+
+@dataclass
+class TrainConfig:
+    model_size: str = "tiny"
+    max_items: int = 20  # history items per prompt / training window
+    epochs: int = 20
+    batch_size: int = 128
+    lr: float = 3e-3
+    weight_decay: float = 0.05
+    warmup_steps: int = 100
+    min_lr_ratio: float = 0.05  # cosine decays to lr * min_lr_ratio
+    grad_clip: float = 1.0
+    patience: int = 3  # epochs without validation improvement before stopping
+    seed: int = 0
+    device: str = "auto"  # auto | cpu | cuda
+    threads: int = 0  # torch CPU threads; 0 keeps torch's default
+    max_val_examples: int = 5000
+    max_steps: int = 0  # stop after this many optimiser steps (0 = no limit); for smoke runs
+
+    def validate(self) -> None:
+        problems = []
+        if self.model_size not in MODEL_SIZES:
+            problems.append(f"model_size must be one of {sorted(MODEL_SIZES)}, got {self.model_size!r}")
+        for name in ("max_items", "epochs", "batch_size"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.lr > 0:
+            problems.append(f"lr must be > 0, got {self.lr}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            problems.append(f"device must be auto, cpu or cuda, got {self.device!r}")
+        if self.device == "cuda" and not torch.cuda.is_available():
+            problems.append("device cuda asked for, but no CUDA device is available; use --device cpu")
+        if problems:
+            raise UserInputError("; ".join(problems))
+
+
+@dataclass
+class TrainResult:
+    path: Path
+    best_val_loss: float
+    best_epoch: int
+    epochs_run: int
+    steps: int
+    seconds: float
+    history: list[dict] = field(default_factory=list)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def lr_at(step: int, total: int, cfg: TrainConfig) -> float:
+    """Multiplier of the base lr: linear warm-up, then cosine down to min_lr_ratio."""
+    if step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    progress = min(1.0, (step - cfg.warmup_steps) / max(1, total - cfg.warmup_steps))
+    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def make_optimizer(model: GRTransformer, cfg: TrainConfig) -> torch.optim.AdamW:
+    # decay matrices only; norms and embeddings are left alone (the usual transformer recipe)
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "embed" not in n]
+    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2 or "embed" in n]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.98))
+
+
+def length_bucketed_batches(lengths: list[int], batch_size: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """Shuffled batches of similar-length windows (less padding), in shuffled order."""
+    order = rng.permutation(len(lengths))
+    chunk = batch_size * 50
+    batches = []
+    for i in range(0, len(order), chunk):
+        part = order[i : i + chunk]
+        part = part[np.argsort(np.asarray(lengths)[part], kind="stable")]
+        batches += [part[j : j + batch_size] for j in range(0, len(part), batch_size)]
+    rng.shuffle(batches)
+    return batches
+
+
+def validation_windows(ds: Dataset, max_items: int, limit: int, seed: int) -> list[list[int]]:
+    """One window per (user, valid target): history = the user's train items, target last."""
+    windows = [ex.history[-max_items:] + [t] for ex in ds.eval_examples("valid") for t in ex.targets]
+    if not windows:
+        raise UserInputError(f"{ds.root}: the valid split is empty, so there is no validation loss; rebuild the data")
+    if len(windows) > limit:
+        idx = np.random.default_rng(seed).choice(len(windows), size=limit, replace=False)
+        windows = [windows[i] for i in sorted(idx)]
+    return windows
+
+
+def target_loss(model: GRTransformer, tokens, mask, labels, device, autocast: bool) -> torch.Tensor:
+    tokens, mask, labels = tokens.to(device), mask.to(device), labels.to(device)
+    with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=autocast):
+        logits, _ = model(tokens, mask)
+    # only labelled positions reach the (vocabulary-wide) projection's loss
+    sel = labels != IGNORE
+    return F.cross_entropy(logits[sel].float(), labels[sel])
+
+
+@torch.no_grad()
+def validation_loss(model, windows, item_tokens, cfg: TrainConfig, device, autocast) -> float:
+    model.eval()
+    total, n = 0.0, 0
+    for i in range(0, len(windows), cfg.batch_size):
+        chunk = windows[i : i + cfg.batch_size]
+        tok, mask, lab = build_training_batch(chunk, item_tokens, [1] * len(chunk))
+        total += target_loss(model, tok, mask, lab, device, autocast).item() * len(chunk)
+        n += len(chunk)
+    model.train()
+    return total / n
+
+
+def train(data_dir: str | os.PathLike, out_dir: str | os.PathLike, cfg: TrainConfig, progress: bool = True) -> TrainResult:
+    cfg.validate()
+    seed_everything(cfg.seed)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    device = resolve_device(cfg.device)
+    autocast = device.type == "cuda"
+    ds = load_dataset(data_dir)
+    codec = ds.codec
+    item_tokens = item_token_table(codec, ds.item_codes())
+    seqs = list(ds.user_sequences(("train",)).values())
+    windows = training_windows(seqs, cfg.max_items)
+    if not windows:
+        raise UserInputError(f"{data_dir}: no user has two or more train interactions; nothing to learn from")
+    val_windows = validation_windows(ds, cfg.max_items, cfg.max_val_examples, cfg.seed)
+
+    model_cfg = model_config_for(cfg.model_size, codec.vocab_size, max_prompt_len(codec.levels, cfg.max_items + 1))
+    model = GRTransformer(model_cfg).to(device)
+    model.train()
+    opt = make_optimizer(model, cfg)
+    rng = np.random.default_rng(cfg.seed)
+    lengths = [len(w) for w, _ in windows]
+    steps_per_epoch = math.ceil(len(windows) / cfg.batch_size)
+    total_steps = steps_per_epoch * cfg.epochs if not cfg.max_steps else min(cfg.max_steps, steps_per_epoch * cfg.epochs)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_at(s, total_steps, cfg))
+
+    meta = {
+        "dataset": str(Path(data_dir).resolve()),
+        "dataset_name": ds.manifest.name,
+        "model_size": cfg.model_size,
+        "train": asdict(cfg),
+        "objective": "next_item",
+        "num_parameters": model.num_parameters(),
+    }
+    best = (float("inf"), -1)
+    history: list[dict] = []
+    step, bad_epochs, t0 = 0, 0, time.perf_counter()
+    bar = tqdm(total=total_steps, disable=not progress, desc=f"train {cfg.model_size}", unit="step", dynamic_ncols=True)
+    epoch = 0
+    for epoch in range(1, cfg.epochs + 1):
+        running, count = 0.0, 0
+        for batch_idx in length_bucketed_batches(lengths, cfg.batch_size, rng):
+            batch = [windows[i] for i in batch_idx]
+            tok, mask, lab = build_training_batch([w for w, _ in batch], item_tokens, [n for _, n in batch])
+            loss = target_loss(model, tok, mask, lab, device, autocast)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            opt.step()
+            sched.step()
+            step += 1
+            running, count = running + loss.item(), count + 1
+            bar.update(1)
+            if step % 10 == 0:
+                bar.set_postfix(epoch=epoch, loss=f"{running / count:.3f}", lr=f"{sched.get_last_lr()[0]:.1e}")
+            if cfg.max_steps and step >= cfg.max_steps:
+                break
+        val = validation_loss(model, val_windows, item_tokens, cfg, device, autocast)
+        history.append({"epoch": epoch, "train_loss": running / max(count, 1), "val_loss": val, "step": step})
+        bar.write(f"epoch {epoch}: train loss {running / max(count, 1):.4f}  val loss {val:.4f}")
+        if val < best[0] - 1e-4:
+            best, bad_epochs = (val, epoch), 0
+            meta.update(best_val_loss=val, best_epoch=epoch, history=history)
+            save_checkpoint(out_dir, Checkpoint(model, codec, cfg.max_items, meta))
+        else:
+            bad_epochs += 1
+            if bad_epochs >= cfg.patience:
+                bar.write(f"early stop: no validation improvement for {cfg.patience} epochs")
+                break
+        if cfg.max_steps and step >= cfg.max_steps:
+            break
+    bar.close()
+    seconds = time.perf_counter() - t0
+    # record the full history and wall time in the kept (best) checkpoint's config
+    from genrec.workloads.models.checkpoint import load_checkpoint
+
+    kept = load_checkpoint(out_dir)
+    kept.meta.update(history=history, train_seconds=seconds, epochs_run=epoch, steps=step)
+    save_checkpoint(out_dir, kept)
+    return TrainResult(Path(out_dir), best[0], best[1], epoch, step, seconds, history)
