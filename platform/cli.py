@@ -29,17 +29,22 @@ MULTI_VALUE_OPTIONS = ("--k",)
 
 def expand_multi_value_options(argv: list[str]) -> list[str]:
     out: list[str] = []
-    current = None
+    current, consumed = None, False
     for arg in argv:
         if arg in MULTI_VALUE_OPTIONS:
-            current = arg
+            if current and not consumed:
+                out.append(current)
+            current, consumed = arg, False
             continue
         if current and not arg.startswith("-"):
             out += [current, arg]
+            consumed = True
             continue
+        if current and not consumed:  # a flag without values: let click report the missing value
+            out.append(current)
         current = None
         out.append(arg)
-    if current:  # a trailing flag without values: let click report the missing value
+    if current and not consumed:
         out.append(current)
     return out
 

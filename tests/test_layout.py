@@ -81,3 +81,6 @@ def test_multi_value_k_option_is_expanded():
     from genrec.platform.cli import expand_multi_value_options
 
     assert expand_multi_value_options(["eval", "--k", "5", "10", "--quiet"]) == ["eval", "--k", "5", "--k", "10", "--quiet"]
+    assert expand_multi_value_options(["eval", "--k", "5"]) == ["eval", "--k", "5"]
+    assert expand_multi_value_options(["eval", "--k", "--quiet"]) == ["eval", "--k", "--quiet"]
+    assert expand_multi_value_options(["eval", "--k"]) == ["eval", "--k"]

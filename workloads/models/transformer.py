@@ -260,8 +260,12 @@ class GRTransformer(nn.Module):
     # --- full-sequence forward (training and the recomputation reference) --------------------
     def forward(self, tokens: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """tokens [B, S] left-padded, mask [B, S] bool -> (logits [B, S, V], hidden [B, S, D])."""
-        hidden, _, _ = self._run_full(tokens, mask, keep_kv=False)
+        hidden = self.hidden_states(tokens, mask)
         return self.lm_head(hidden), hidden
+
+    def hidden_states(self, tokens: Tensor, mask: Tensor | None = None) -> Tensor:
+        """Final (normed) hidden states [B, S, D]; training projects only the labelled positions."""
+        return self._run_full(tokens, mask, keep_kv=False)[0]
 
     def _run_full(self, tokens: Tensor, mask: Tensor | None, keep_kv: bool):
         if mask is None:

@@ -133,11 +133,12 @@ def validation_windows(ds: Dataset, max_items: int, limit: int, seed: int) -> li
 
 def target_loss(model: GRTransformer, tokens, mask, labels, device, autocast: bool) -> torch.Tensor:
     tokens, mask, labels = tokens.to(device), mask.to(device), labels.to(device)
-    with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=autocast):
-        logits, _ = model(tokens, mask)
-    # only labelled positions reach the (vocabulary-wide) projection's loss
     sel = labels != IGNORE
-    return F.cross_entropy(logits[sel].float(), labels[sel])
+    with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=autocast):
+        hidden = model.hidden_states(tokens, mask)
+        # only labelled positions go through the vocabulary-wide projection
+        logits = model.lm_head(hidden[sel])
+    return F.cross_entropy(logits.float(), labels[sel])
 
 
 @torch.no_grad()
