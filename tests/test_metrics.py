@@ -45,3 +45,17 @@ def test_latency_summary():
     s = latency_summary(list(range(1, 101)))
     assert s["p50"] == pytest.approx(50.5) and s["p99"] == pytest.approx(99.01) and s["mean"] == 50.5
     assert latency_summary([]) == {}
+
+
+def test_paired_permutation_test_detects_a_real_difference_and_not_a_null_one():
+    import numpy as np
+
+    from genrec.workloads.metrics import paired_permutation_test, user_metric_vector
+
+    rng = np.random.default_rng(0)
+    base = rng.random(400)
+    better = paired_permutation_test(base + 0.05, base, resamples=2000)
+    assert better["p_value"] < 0.01 and better["mean_diff"] == pytest.approx(0.05)
+    same = paired_permutation_test(base + rng.normal(0, 0.1, 400), base + rng.normal(0, 0.1, 400), resamples=2000)
+    assert same["p_value"] > 0.01
+    assert user_metric_vector([[1, 2], [3, 4]], [[2], [9]], "hr@2").tolist() == [1.0, 0.0]
