@@ -23,6 +23,7 @@ demo: setup
 	$(BIN)/genrec eval --model $(RUNS)/models/tiny --decoder beam --beam-width 10 --k 5 10
 
 test: setup
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -m "not gpu"
 
 lint: setup

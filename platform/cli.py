@@ -59,5 +59,6 @@ def main(argv: list[str] | None = None) -> None:
         typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
         sys.exit(2)
 
+
 if __name__ == "__main__":
     main()

@@ -30,5 +30,10 @@ def tiny_model_dir(synth_dir, tmp_path_factory) -> Path:
     from genrec.workloads.training.trainer import TrainConfig, train
 
     out = tmp_path_factory.mktemp("models") / "tiny"
-    train(synth_dir, out, TrainConfig(model_size="tiny", epochs=4, batch_size=64, warmup_steps=10), progress=False)
+    train(
+        synth_dir,
+        out,
+        TrainConfig(model_size="tiny", epochs=4, batch_size=64, warmup_steps=10),
+        progress=False,
+    )
     return out

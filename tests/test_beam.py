@@ -24,7 +24,9 @@ def make_ctx(sizes, seed, n_items=None, max_items=4):
     codes = codec.keys_to_codes(keys)
     torch.manual_seed(seed)
     # large init so the distribution is far from uniform and beam search has real choices to make
-    model = GRTransformer(ModelConfig(vocab_size=codec.vocab_size, dim=16, n_layers=1, n_heads=2, max_seq_len=64))
+    model = GRTransformer(
+        ModelConfig(vocab_size=codec.vocab_size, dim=16, n_layers=1, n_heads=2, max_seq_len=64)
+    )
     for p in model.parameters():
         torch.nn.init.normal_(p, std=0.5)
     return DecoderContext(model.eval(), codec, codes, max_items, popularity=rng.integers(0, 50, len(codes)))
@@ -118,11 +120,16 @@ def test_popular_baseline_ranks_by_train_count():
 
 
 @settings(max_examples=30, deadline=None)
-@given(st.lists(st.integers(0, 63), min_size=1, max_size=30, unique=True), st.lists(st.integers(0, 63), max_size=20))
+@given(
+    st.lists(st.integers(0, 63), min_size=1, max_size=30, unique=True),
+    st.lists(st.integers(0, 63), max_size=20),
+)
 def test_item_index_lookup_matches_python_dict(item_keys, queries):
     codec = SIDCodec((4, 4, 4))
     index = ItemIndex(codec, codec.keys_to_codes(np.array(item_keys)))
-    ids, valid = index.lookup(torch.as_tensor(codec.keys_to_codes(np.array(queries, dtype=np.int64)).reshape(-1, 3)))
+    ids, valid = index.lookup(
+        torch.as_tensor(codec.keys_to_codes(np.array(queries, dtype=np.int64)).reshape(-1, 3))
+    )
     table = {k: i for i, k in enumerate(item_keys)}
     assert ids.tolist() == [table.get(q, -1) for q in queries]
     assert valid.tolist() == [q in table for q in queries]

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from genrec.workloads.data.amazon import import_amazon, k_core
 from genrec.workloads.data.dataset import DatasetError, load_dataset
 

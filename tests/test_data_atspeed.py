@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from genrec.workloads.data.atspeed import import_atspeed
 from genrec.workloads.data.dataset import DatasetError, load_dataset
 

@@ -8,6 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 import pytest
+
 from genrec.workloads.data.dataset import DatasetError, load_dataset
 from genrec.workloads.data.synth import SynthConfig, generate_synthetic, synth_dataset
 

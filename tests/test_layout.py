@@ -7,10 +7,14 @@ import zipfile
 
 import pytest
 import typer
-
 from conftest import REPO
 
-AREAS = {"platform": "genrec/platform", "workloads": "genrec/workloads", "kernels": "genrec/kernels", "dashboards": "genrec/dashboards"}
+AREAS = {
+    "platform": "genrec/platform",
+    "workloads": "genrec/workloads",
+    "kernels": "genrec/kernels",
+    "dashboards": "genrec/dashboards",
+}
 
 
 def test_top_level_areas_are_namespace_folders():
@@ -21,8 +25,15 @@ def test_top_level_areas_are_namespace_folders():
 
 def test_import_platform_from_repo_root_is_the_standard_library():
     out = subprocess.run(
-        [sys.executable, "-c", "import platform, sys; print(platform.__file__); print(platform.python_version())"],
-        cwd=REPO, capture_output=True, text=True, check=True,
+        [
+            sys.executable,
+            "-c",
+            "import platform, sys; print(platform.__file__); print(platform.python_version())",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.split("\n")
     assert not out[0].startswith(str(REPO)), f"`import platform` resolved to the repo: {out[0]}"
     assert out[1].startswith("3.")
@@ -41,8 +52,20 @@ def test_workloads_import_nothing_the_gpu_machine_lacks():
 @pytest.mark.slow
 def test_built_wheel_contains_every_module(tmp_path):
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(REPO)],
-        check=True, capture_output=True,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(REPO),
+        ],
+        check=True,
+        capture_output=True,
     )
     (wheel,) = tmp_path.glob("genrec_lab-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
@@ -80,7 +103,14 @@ def test_every_cli_command_has_help(capsys):
 def test_multi_value_k_option_is_expanded():
     from genrec.platform.cli import expand_multi_value_options
 
-    assert expand_multi_value_options(["eval", "--k", "5", "10", "--quiet"]) == ["eval", "--k", "5", "--k", "10", "--quiet"]
+    assert expand_multi_value_options(["eval", "--k", "5", "10", "--quiet"]) == [
+        "eval",
+        "--k",
+        "5",
+        "--k",
+        "10",
+        "--quiet",
+    ]
     assert expand_multi_value_options(["eval", "--k", "5"]) == ["eval", "--k", "5"]
     assert expand_multi_value_options(["eval", "--k", "--quiet"]) == ["eval", "--k", "--quiet"]
     assert expand_multi_value_options(["eval", "--k"]) == ["eval", "--k"]

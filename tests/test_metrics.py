@@ -56,6 +56,8 @@ def test_paired_permutation_test_detects_a_real_difference_and_not_a_null_one():
     base = rng.random(400)
     better = paired_permutation_test(base + 0.05, base, resamples=2000)
     assert better["p_value"] < 0.01 and better["mean_diff"] == pytest.approx(0.05)
-    same = paired_permutation_test(base + rng.normal(0, 0.1, 400), base + rng.normal(0, 0.1, 400), resamples=2000)
+    same = paired_permutation_test(
+        base + rng.normal(0, 0.1, 400), base + rng.normal(0, 0.1, 400), resamples=2000
+    )
     assert same["p_value"] > 0.01
     assert user_metric_vector([[1, 2], [3, 4]], [[2], [9]], "hr@2").tolist() == [1.0, 0.0]

@@ -74,12 +74,16 @@ def test_cli_train_and_eval(synth_dir, tmp_path, capsys):
     assert run_cli(["train", "--data", str(synth_dir), "--out", str(out), "--epochs", "1", "--quiet"]) == 0
     assert (out / "model.safetensors").is_file()
     rows = tmp_path / "rows.jsonl"
-    code = run_cli(["eval", "--model", str(out), "--beam-width", "5", "--k", "1", "5", "--quiet", "--output", str(rows)])
+    code = run_cli(
+        ["eval", "--model", str(out), "--beam-width", "5", "--k", "1", "5", "--quiet", "--output", str(rows)]
+    )
     assert code == 0
     text = capsys.readouterr().out
     assert "hr@5" in text and "popular" in text
     lines = [json.loads(line) for line in rows.read_text().splitlines()]
-    assert [r["decoder"] for r in lines] == ["beam", "popular"] and lines[0]["decoder_params"]["beam_width"] == 5
+    assert [r["decoder"] for r in lines] == ["beam", "popular"] and lines[0]["decoder_params"][
+        "beam_width"
+    ] == 5
 
 
 @pytest.mark.parametrize(

@@ -56,7 +56,9 @@ class EvalOutput:
     user_ids: list[int]
 
 
-def load_context(model_dir: str | os.PathLike, data_dir: str | os.PathLike | None, device: str = "auto") -> tuple[DecoderContext, Dataset, Checkpoint]:
+def load_context(
+    model_dir: str | os.PathLike, data_dir: str | os.PathLike | None, device: str = "auto"
+) -> tuple[DecoderContext, Dataset, Checkpoint]:
     """Load a checkpoint and the dataset it was trained on (or `data_dir`), checking they fit."""
     ckpt = load_checkpoint(model_dir, resolve_device(device))
     data_dir = data_dir or ckpt.meta.get("dataset")
@@ -109,7 +111,9 @@ def evaluate(
     phase_totals: dict[str, float] = {}
     counter_totals: dict[str, float] = {}
     t_start = time.perf_counter()
-    for batch in tqdm(batches, disable=not progress, desc=f"eval {cfg.decoder}", unit="batch", dynamic_ncols=True):
+    for batch in tqdm(
+        batches, disable=not progress, desc=f"eval {cfg.decoder}", unit="batch", dynamic_ncols=True
+    ):
         t0 = time.perf_counter_ns()
         res = decoder.decode(ctx, [ex.history for ex in batch], params)
         if ctx.device.type == "cuda":
@@ -157,11 +161,17 @@ def format_table(rows: list[ResultRow], ks: tuple[int, ...]) -> str:
         lines.append(
             [r.decoder, params]
             + [f"{r.quality.get(c, float('nan')):.4f}" for c in metric_cols]
-            + [f"{r.latency_ms.get('p50', 0):.2f}", f"{r.latency_ms.get('p99', 0):.2f}", f"{r.throughput_users_per_s:.1f}"]
+            + [
+                f"{r.latency_ms.get('p50', 0):.2f}",
+                f"{r.latency_ms.get('p99', 0):.2f}",
+                f"{r.throughput_users_per_s:.1f}",
+            ]
         )
     widths = [max(len(h), *(len(l[i]) for l in lines)) for i, h in enumerate(header)]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
-    return "\n".join([fmt.format(*header), fmt.format(*("-" * w for w in widths)), *(fmt.format(*l) for l in lines)])
+    return "\n".join(
+        [fmt.format(*header), fmt.format(*("-" * w for w in widths)), *(fmt.format(*l) for l in lines)]
+    )
 
 
 def model_label(model_dir: str | os.PathLike) -> str:

@@ -59,17 +59,27 @@ def latency_summary(samples_ms: Sequence[float]) -> dict[str, float]:
     if a.size == 0:
         return {}
     p50, p90, p99 = np.percentile(a, [50, 90, 99])
-    return {"mean": float(a.mean()), "std": float(a.std()), "p50": float(p50), "p90": float(p90), "p99": float(p99)}
+    return {
+        "mean": float(a.mean()),
+        "std": float(a.std()),
+        "p50": float(p50),
+        "p90": float(p90),
+        "p99": float(p99),
+    }
 
 
-def user_metric_vector(ranked: Sequence[Sequence[int]], targets: Sequence[Sequence[int]], metric: str) -> np.ndarray:
+def user_metric_vector(
+    ranked: Sequence[Sequence[int]], targets: Sequence[Sequence[int]], metric: str
+) -> np.ndarray:
     """Per-user values of 'hr@K', 'recall@K' or 'ndcg@K' (for paired tests between decoders)."""
     name, k = metric.split("@")
     col = {"hr": 0, "recall": 1, "ndcg": 2}[name]
     return np.array([user_metrics(r, t, int(k))[col] for r, t in zip(ranked, targets)])
 
 
-def paired_permutation_test(a: np.ndarray, b: np.ndarray, resamples: int = 10_000, seed: int = 0) -> dict[str, float]:
+def paired_permutation_test(
+    a: np.ndarray, b: np.ndarray, resamples: int = 10_000, seed: int = 0
+) -> dict[str, float]:
     """One-sided paired sign-flip test of mean(a - b) > 0 over the same users.
 
     Under the null the sign of each user's difference is exchangeable, so flipping signs at

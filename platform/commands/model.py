@@ -31,15 +31,21 @@ def parse_param_values(pairs: list[str]) -> dict:
 
 
 def train_command(
-    data: Annotated[Path, typer.Option(help="Dataset folder (from `genrec data synth` or `genrec data import`).")],
+    data: Annotated[
+        Path, typer.Option(help="Dataset folder (from `genrec data synth` or `genrec data import`).")
+    ],
     out: Annotated[Path, typer.Option(help="Checkpoint folder to write (model.safetensors + config.json).")],
-    model: Annotated[str, typer.Option(help="Model size: tiny (CI), small (CPU benchmarks), base (GPU).")] = "tiny",
+    model: Annotated[
+        str, typer.Option(help="Model size: tiny (CI), small (CPU benchmarks), base (GPU).")
+    ] = "tiny",
     epochs: Annotated[int, typer.Option(help="Maximum epochs.")] = 20,
     batch_size: Annotated[int, typer.Option(help="Training windows per batch.")] = 128,
     lr: Annotated[float, typer.Option(help="Peak learning rate (AdamW).")] = 3e-3,
     max_items: Annotated[int, typer.Option(help="History items per prompt.")] = 20,
     warmup_steps: Annotated[int, typer.Option(help="Linear warm-up steps before cosine decay.")] = 100,
-    patience: Annotated[int, typer.Option(help="Early stop after this many epochs without validation gain.")] = 3,
+    patience: Annotated[
+        int, typer.Option(help="Early stop after this many epochs without validation gain.")
+    ] = 3,
     seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
     threads: Annotated[int, typer.Option(help="CPU threads for torch (0 = torch default).")] = 0,
@@ -50,8 +56,17 @@ def train_command(
     from genrec.workloads.training.trainer import TrainConfig, train
 
     cfg = TrainConfig(
-        model_size=model, epochs=epochs, batch_size=batch_size, lr=lr, max_items=max_items,
-        warmup_steps=warmup_steps, patience=patience, seed=seed, device=device, threads=threads, max_steps=max_steps,
+        model_size=model,
+        epochs=epochs,
+        batch_size=batch_size,
+        lr=lr,
+        max_items=max_items,
+        warmup_steps=warmup_steps,
+        patience=patience,
+        seed=seed,
+        device=device,
+        threads=threads,
+        max_steps=max_steps,
     )
     result = train(data, out, cfg, progress=not quiet)
     typer.echo(
@@ -64,33 +79,50 @@ def eval_command(
     model: Annotated[Path, typer.Option(help="Checkpoint folder from `genrec train`.")],
     decoder: Annotated[str, typer.Option(help="Registered decoder name (see `genrec decoders`).")] = "beam",
     beam_width: Annotated[int, typer.Option(help="Beam width (decoders that have one).")] = 0,
-    k: Annotated[list[int], typer.Option("--k", help="Cut-offs K for HR/NDCG/Recall@K; several: --k 5 10.")] = [5, 10],
-    param: Annotated[list[str], typer.Option(help="Extra decoder parameter NAME=VALUE (repeatable).")] = [],
-    data: Annotated[Path | None, typer.Option(help="Dataset folder (default: the one the model was trained on).")] = None,
+    k: Annotated[
+        list[int], typer.Option("--k", help="Cut-offs K for HR/NDCG/Recall@K; several: --k 5 10.")
+    ] = None,
+    param: Annotated[list[str], typer.Option(help="Extra decoder parameter NAME=VALUE (repeatable).")] = None,
+    data: Annotated[
+        Path | None, typer.Option(help="Dataset folder (default: the one the model was trained on).")
+    ] = None,
     split: Annotated[str, typer.Option(help="valid or test.")] = "test",
     batch_size: Annotated[int, typer.Option(help="Users per decode call.")] = 64,
     max_users: Annotated[int, typer.Option(help="Evaluate only the first N users (0 = all).")] = 0,
     baseline: Annotated[bool, typer.Option(help="Also evaluate the most-popular baseline.")] = True,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
     threads: Annotated[int, typer.Option(help="CPU threads for torch (0 = torch default).")] = 0,
-    output: Annotated[Path | None, typer.Option(help="Write the result rows as JSON lines to this file.")] = None,
+    output: Annotated[
+        Path | None, typer.Option(help="Write the result rows as JSON lines to this file.")
+    ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
 ) -> None:
     """Decode a split with a registered decoder and print HR/NDCG/Recall@K, invalid rate and latency."""
     from genrec.workloads.evaluation import EvalConfig, evaluate, format_table, load_context, model_label
 
-    params = parse_param_values(param)
+    params = parse_param_values(param or [])
     if beam_width:
         params["beam_width"] = beam_width
     ctx, ds, _ = load_context(model, data, device)
-    ks = tuple(sorted(set(k)))
+    ks = tuple(sorted(set(k or [5, 10])))
     runs = [(decoder, params)] + ([("popular", {})] if baseline and decoder != "popular" else [])
     rows = []
     for name, p in runs:
-        cfg = EvalConfig(decoder=name, params=p, split=split, ks=ks, batch_size=batch_size,
-                         max_users=max_users, device=device, threads=threads)
+        cfg = EvalConfig(
+            decoder=name,
+            params=p,
+            split=split,
+            ks=ks,
+            batch_size=batch_size,
+            max_users=max_users,
+            device=device,
+            threads=threads,
+        )
         rows.append(evaluate(ctx, ds, cfg, model_label(model), progress=not quiet).row)
-    typer.echo(f"{ds.manifest.name} / {split}: {rows[0].users} users, model {model_label(model)}, {rows[0].env.device}")
+    head = rows[0]
+    typer.echo(
+        f"{ds.manifest.name} / {split}: {head.users} users, model {model_label(model)}, {head.env.device}"
+    )
     typer.echo(format_table(rows, ks))
     if output:
         from genrec.workloads.io import atomic_write_text

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
 from genrec.workloads.decoding.base import DecoderContext, get_decoder, make_params
 from genrec.workloads.errors import UserInputError
 from genrec.workloads.evaluation import load_context

@@ -50,14 +50,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def run_seed(args: argparse.Namespace, seed: int) -> dict:
     model_dir = Path(args.out) / f"{args.model_size}-seed{seed}"
     cfg = TrainConfig(
-        model_size=args.model_size, epochs=args.epochs, lr=args.lr, batch_size=args.batch_size,
-        patience=args.patience, seed=seed, device=args.device, threads=args.threads,
+        model_size=args.model_size,
+        epochs=args.epochs,
+        lr=args.lr,
+        batch_size=args.batch_size,
+        patience=args.patience,
+        seed=seed,
+        device=args.device,
+        threads=args.threads,
     )
     trained = train(args.data, model_dir, cfg, progress=not args.quiet)
     ctx, ds, _ = load_context(model_dir, None, args.device)
     outs = {}
     for name, params in (("beam", {"beam_width": args.beam_width}), ("popular", {})):
-        ec = EvalConfig(decoder=name, params=params, ks=(5, 10), seed=seed, device=args.device, threads=args.threads)
+        ec = EvalConfig(
+            decoder=name, params=params, ks=(5, 10), seed=seed, device=args.device, threads=args.threads
+        )
         outs[name] = evaluate(ctx, ds, ec, model_dir.name, progress=not args.quiet)
     tests = {
         m: paired_permutation_test(
@@ -95,11 +103,11 @@ def summarise(runs: list[dict]) -> str:
         f"(ratio {recall.mean() / PAPER_RECALL10:.2f}); seeds {[r['seed'] for r in runs]}"
     )
     for r in runs:
-        t = r["beam_vs_popular"]
+        hr, rec = r["beam_vs_popular"]["hr@10"], r["beam_vs_popular"]["recall@10"]
         lines.append(
-            f"seed {r['seed']}: train {r['train_seconds']:.0f} s (best epoch {r['best_epoch']}); beam - popular "
-            f"HR@10 {t['hr@10']['mean_diff']:+.4f} (p={t['hr@10']['p_value']:.4f}), "
-            f"Recall@10 {t['recall@10']['mean_diff']:+.4f} (p={t['recall@10']['p_value']:.4f}), {r['users']} users"
+            f"seed {r['seed']}: train {r['train_seconds']:.0f} s (best epoch {r['best_epoch']}); "
+            f"beam - popular HR@10 {hr['mean_diff']:+.4f} (p={hr['p_value']:.4f}), "
+            f"Recall@10 {rec['mean_diff']:+.4f} (p={rec['p_value']:.4f}), {r['users']} users"
         )
     return "\n".join(lines)
 
@@ -111,7 +119,8 @@ def main(argv: list[str] | None = None) -> None:
     table = summarise(runs)
     print(table)
     summary = {
-        "command": "python -m genrec.workloads.benchmarks.beauty_quality " + shlex.join(sys.argv[1:] if argv is None else argv),
+        "command": "python -m genrec.workloads.benchmarks.beauty_quality "
+        + shlex.join(sys.argv[1:] if argv is None else argv),
         "args": vars(args),
         "runs": runs,
         "table": table,

@@ -44,6 +44,7 @@ from typing import IO
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+
 from genrec.workloads.data.dataset import (
     DatasetError,
     Manifest,

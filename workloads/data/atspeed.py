@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+
 from genrec.workloads.data.dataset import (
     SPLITS,
     DatasetError,

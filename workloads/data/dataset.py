@@ -164,7 +164,9 @@ def validate_dataset(ds: Dataset) -> None:
         raise DatasetError(f"{where}/interactions.parquet: missing columns {sorted(missing)}")
     if missing := {"item_id", "sid"} - set(ds.items.columns):
         raise DatasetError(f"{where}/items.parquet: missing columns {sorted(missing)}")
-    if len(ds.items) != m.num_items or not np.array_equal(ds.items["item_id"].to_numpy(), np.arange(m.num_items)):
+    if len(ds.items) != m.num_items or not np.array_equal(
+        ds.items["item_id"].to_numpy(), np.arange(m.num_items)
+    ):
         raise DatasetError(f"{where}/items.parquet: item ids must be exactly 0..{m.num_items - 1} in order")
     bad_split = set(ds.interactions["split"].unique()) - set(SPLITS)
     if bad_split:
@@ -182,7 +184,9 @@ def validate_dataset(ds: Dataset) -> None:
 
 
 # --- writing -------------------------------------------------------------------------------------
-def interactions_table(users: np.ndarray, items: np.ndarray, positions: np.ndarray, splits: np.ndarray) -> pa.Table:
+def interactions_table(
+    users: np.ndarray, items: np.ndarray, positions: np.ndarray, splits: np.ndarray
+) -> pa.Table:
     return pa.table(
         {
             "user_id": pa.array(np.asarray(users, dtype=np.int64)),
@@ -193,17 +197,23 @@ def interactions_table(users: np.ndarray, items: np.ndarray, positions: np.ndarr
     )
 
 
-def items_table(codes: np.ndarray, source_ids: list[str] | None = None, features: np.ndarray | None = None) -> pa.Table:
+def items_table(
+    codes: np.ndarray, source_ids: list[str] | None = None, features: np.ndarray | None = None
+) -> pa.Table:
     codes = np.asarray(codes, dtype=np.int64)
     n, levels = codes.shape
     cols: dict[str, pa.Array] = {
         "item_id": pa.array(np.arange(n, dtype=np.int64)),
         "sid": pa.FixedSizeListArray.from_arrays(pa.array(codes.reshape(-1)), levels),
-        "source_id": pa.array(source_ids if source_ids is not None else [str(i) for i in range(n)], type=pa.string()),
+        "source_id": pa.array(
+            source_ids if source_ids is not None else [str(i) for i in range(n)], type=pa.string()
+        ),
     }
     if features is not None:
         features = np.asarray(features, dtype=np.float32)
-        cols["features"] = pa.FixedSizeListArray.from_arrays(pa.array(features.reshape(-1)), features.shape[1])
+        cols["features"] = pa.FixedSizeListArray.from_arrays(
+            pa.array(features.reshape(-1)), features.shape[1]
+        )
     return pa.table(cols)
 
 

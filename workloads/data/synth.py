@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+
 from genrec.workloads.data.dataset import (
     DatasetError,
     Manifest,

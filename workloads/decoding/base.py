@@ -170,5 +170,3 @@ def decoder_parameters(name: str) -> dict[str, Any]:
 def _import_builtin_decoders() -> None:
     # importing the modules runs their @register_decoder; done lazily so base stays import-light
     from genrec.workloads.decoding import beam, popular  # noqa: F401
-
-

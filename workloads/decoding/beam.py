@@ -12,7 +12,7 @@ from typing import ClassVar
 
 import torch
 
-from genrec.workloads.decoding.base import DecodeResult, DecoderContext, PhaseTimer, register_decoder
+from genrec.workloads.decoding.base import DecoderContext, DecodeResult, PhaseTimer, register_decoder
 from genrec.workloads.errors import UserInputError
 
 
@@ -68,7 +68,9 @@ class BeamSearch:
                 cand = scores[:, :, None] + level_log_probs(logits, *codec.level_range(level)).view(b, w, t)
                 scores, flat = cand.view(b, w * t).topk(w, dim=-1)
                 parent, code = flat // t, flat % t
-                codes = torch.cat([codes.gather(1, parent[..., None].expand(-1, -1, level)), code[..., None]], dim=2)
+                codes = torch.cat(
+                    [codes.gather(1, parent[..., None].expand(-1, -1, level)), code[..., None]], dim=2
+                )
                 if level < codec.levels - 1:
                     cache.reorder((rows + parent).reshape(-1))
         with timer.phase("system"):

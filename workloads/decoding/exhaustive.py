@@ -14,7 +14,9 @@ from genrec.workloads.decoding.base import DecoderContext
 
 
 @torch.no_grad()
-def exhaustive_top_k(ctx: DecoderContext, histories: list[list[int]], k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def exhaustive_top_k(
+    ctx: DecoderContext, histories: list[list[int]], k: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Return (codes [B, K, L], scores [B, K]) of the K best SIDs in the whole space."""
     codec = ctx.codec
     if codec.num_sids > 20_000:
@@ -28,7 +30,9 @@ def exhaustive_top_k(ctx: DecoderContext, histories: list[list[int]], k: int) ->
         seq = torch.cat([prompt.expand(n, -1), sid_tokens[:, :-1]], dim=1)
         seq_mask = torch.cat([mask.expand(n, -1), torch.ones(n, codec.levels - 1, dtype=torch.bool)], dim=1)
         logits, _ = ctx.model(seq, seq_mask)
-        logp = torch.log_softmax(logits[:, -codec.levels :].float(), dim=-1)  # positions predicting SID tokens
+        logp = torch.log_softmax(
+            logits[:, -codec.levels :].float(), dim=-1
+        )  # positions predicting SID tokens
         score = logp.gather(-1, sid_tokens[..., None])[..., 0].sum(-1)
         top = score.topk(k)
         out_codes.append(all_codes[top.indices])

@@ -11,7 +11,7 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from genrec.workloads.decoding.base import DecodeResult, DecoderContext, PhaseTimer, register_decoder
+from genrec.workloads.decoding.base import DecoderContext, DecodeResult, PhaseTimer, register_decoder
 from genrec.workloads.errors import UserInputError
 
 
@@ -40,5 +40,9 @@ class MostPopular:
             b = len(histories)
             ids = torch.from_numpy(top).to(ctx.device).expand(b, k)
             codes = torch.from_numpy(ctx.item_codes[top]).to(ctx.device).expand(b, k, -1)
-            scores = torch.from_numpy(np.log1p(ctx.popularity[top]).astype(np.float32)).to(ctx.device).expand(b, k)
-        return DecodeResult(codes, scores, ids, torch.ones(b, k, dtype=torch.bool), dict(timer.ms), {"model_calls": 0})
+            scores = (
+                torch.from_numpy(np.log1p(ctx.popularity[top]).astype(np.float32)).to(ctx.device).expand(b, k)
+            )
+        return DecodeResult(
+            codes, scores, ids, torch.ones(b, k, dtype=torch.bool), dict(timer.ms), {"model_calls": 0}
+        )

@@ -71,7 +71,9 @@ def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu")
     except json.JSONDecodeError as e:
         raise UserInputError(f"{cfg_path}: not valid JSON ({e})") from e
     if config.get("format_version") != FORMAT_VERSION:
-        raise UserInputError(f"{cfg_path}: format_version {config.get('format_version')!r}, expected {FORMAT_VERSION}")
+        raise UserInputError(
+            f"{cfg_path}: format_version {config.get('format_version')!r}, expected {FORMAT_VERSION}"
+        )
     model_cfg = ModelConfig(**config.pop("model"))
     codec = SIDCodec.from_dict(config.pop("codec"))
     max_items = int(config.pop("max_items"))

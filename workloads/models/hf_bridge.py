@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import torch
+
 from genrec.workloads.errors import UserInputError
 from genrec.workloads.models.transformer import GRTransformer
 from genrec.workloads.sid_codec import BOS, PAD, SIDCodec

@@ -27,7 +27,10 @@ def max_prompt_len(levels: int, max_items: int) -> int:
 
 
 def build_prompts(
-    histories: Sequence[Sequence[int]], item_tokens: np.ndarray, max_items: int, device: torch.device | str = "cpu"
+    histories: Sequence[Sequence[int]],
+    item_tokens: np.ndarray,
+    max_items: int,
+    device: torch.device | str = "cpu",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Left-padded prompt tokens [B, S] and mask [B, S] (True = real token)."""
     if not histories:
@@ -36,7 +39,9 @@ def build_prompts(
     for h in histories:
         if len(h) == 0:
             raise ValueError("a history is empty; a prompt needs at least one item")
-        rows.append(np.concatenate([[BOS], item_tokens[np.asarray(h[-max_items:], dtype=np.int64)].reshape(-1)]))
+        rows.append(
+            np.concatenate([[BOS], item_tokens[np.asarray(h[-max_items:], dtype=np.int64)].reshape(-1)])
+        )
     s = max(len(r) for r in rows)
     tokens = np.full((len(rows), s), PAD, dtype=np.int64)
     mask = np.zeros((len(rows), s), dtype=bool)

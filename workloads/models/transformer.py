@@ -83,7 +83,9 @@ class RMSNorm(nn.Module):
 
 def rope_cos_sin(positions: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
     """cos/sin tables [..., head_dim] for integer positions (half-split layout, as in Llama)."""
-    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim)
+    inv_freq = 1.0 / theta ** (
+        torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim
+    )
     freqs = positions.float()[..., None] * inv_freq
     emb = torch.cat([freqs, freqs], dim=-1)
     return emb.cos(), emb.sin()
@@ -143,7 +145,9 @@ class KVCache:
                 bv[:, :, : self.steps] = self.beam_v[layer][:, :, : self.steps].repeat_interleave(rep, dim=0)
             new_k.append(bk)
             new_v.append(bv)
-        return KVCache(self.prefix_k, self.prefix_v, self.prefix_mask, self.prefix_len, beams, self.steps, new_k, new_v)
+        return KVCache(
+            self.prefix_k, self.prefix_v, self.prefix_mask, self.prefix_len, beams, self.steps, new_k, new_v
+        )
 
     def reorder(self, parent: Tensor) -> None:
         """Row i takes the decoded steps of row parent[i] (flat indices into B*W), in place."""
@@ -185,7 +189,9 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(shape).transpose(1, 2)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
-    def forward_full(self, x: Tensor, cos: Tensor, sin: Tensor, attn_mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def forward_full(
+        self, x: Tensor, cos: Tensor, sin: Tensor, attn_mask: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
         q, k, v = self._qkv(x, cos, sin)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
         b, _, s, _ = out.shape

@@ -107,7 +107,9 @@ def make_optimizer(model: GRTransformer, cfg: TrainConfig) -> torch.optim.AdamW:
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.98))
 
 
-def length_bucketed_batches(lengths: list[int], batch_size: int, rng: np.random.Generator) -> list[np.ndarray]:
+def length_bucketed_batches(
+    lengths: list[int], batch_size: int, rng: np.random.Generator
+) -> list[np.ndarray]:
     """Shuffled batches of similar-length windows (less padding), in shuffled order."""
     order = rng.permutation(len(lengths))
     chunk = batch_size * 50
@@ -124,7 +126,9 @@ def validation_windows(ds: Dataset, max_items: int, limit: int, seed: int) -> li
     """One window per (user, valid target): history = the user's train items, target last."""
     windows = [ex.history[-max_items:] + [t] for ex in ds.eval_examples("valid") for t in ex.targets]
     if not windows:
-        raise UserInputError(f"{ds.root}: the valid split is empty, so there is no validation loss; rebuild the data")
+        raise UserInputError(
+            f"{ds.root}: the valid split is empty, so there is no validation loss; rebuild the data"
+        )
     if len(windows) > limit:
         idx = np.random.default_rng(seed).choice(len(windows), size=limit, replace=False)
         windows = [windows[i] for i in sorted(idx)]
@@ -154,7 +158,9 @@ def validation_loss(model, windows, item_tokens, cfg: TrainConfig, device, autoc
     return total / n
 
 
-def train(data_dir: str | os.PathLike, out_dir: str | os.PathLike, cfg: TrainConfig, progress: bool = True) -> TrainResult:
+def train(
+    data_dir: str | os.PathLike, out_dir: str | os.PathLike, cfg: TrainConfig, progress: bool = True
+) -> TrainResult:
     cfg.validate()
     seed_everything(cfg.seed)
     if cfg.threads:
@@ -170,14 +176,20 @@ def train(data_dir: str | os.PathLike, out_dir: str | os.PathLike, cfg: TrainCon
         raise UserInputError(f"{data_dir}: no user has two or more train interactions; nothing to learn from")
     val_windows = validation_windows(ds, cfg.max_items, cfg.max_val_examples, cfg.seed)
 
-    model_cfg = model_config_for(cfg.model_size, codec.vocab_size, max_prompt_len(codec.levels, cfg.max_items + 1))
+    model_cfg = model_config_for(
+        cfg.model_size, codec.vocab_size, max_prompt_len(codec.levels, cfg.max_items + 1)
+    )
     model = GRTransformer(model_cfg).to(device)
     model.train()
     opt = make_optimizer(model, cfg)
     rng = np.random.default_rng(cfg.seed)
     lengths = [len(w) for w, _ in windows]
     steps_per_epoch = math.ceil(len(windows) / cfg.batch_size)
-    total_steps = steps_per_epoch * cfg.epochs if not cfg.max_steps else min(cfg.max_steps, steps_per_epoch * cfg.epochs)
+    total_steps = (
+        steps_per_epoch * cfg.epochs
+        if not cfg.max_steps
+        else min(cfg.max_steps, steps_per_epoch * cfg.epochs)
+    )
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_at(s, total_steps, cfg))
 
     meta = {
@@ -191,7 +203,13 @@ def train(data_dir: str | os.PathLike, out_dir: str | os.PathLike, cfg: TrainCon
     best = (float("inf"), -1)
     history: list[dict] = []
     step, bad_epochs, t0 = 0, 0, time.perf_counter()
-    bar = tqdm(total=total_steps, disable=not progress, desc=f"train {cfg.model_size}", unit="step", dynamic_ncols=True)
+    bar = tqdm(
+        total=total_steps,
+        disable=not progress,
+        desc=f"train {cfg.model_size}",
+        unit="step",
+        dynamic_ncols=True,
+    )
     epoch = 0
     for epoch in range(1, cfg.epochs + 1):
         running, count = 0.0, 0
@@ -208,7 +226,9 @@ def train(data_dir: str | os.PathLike, out_dir: str | os.PathLike, cfg: TrainCon
             running, count = running + loss.item(), count + 1
             bar.update(1)
             if step % 10 == 0:
-                bar.set_postfix(epoch=epoch, loss=f"{running / count:.3f}", lr=f"{sched.get_last_lr()[0]:.1e}")
+                bar.set_postfix(
+                    epoch=epoch, loss=f"{running / count:.3f}", lr=f"{sched.get_last_lr()[0]:.1e}"
+                )
             if cfg.max_steps and step >= cfg.max_steps:
                 break
         val = validation_loss(model, val_windows, item_tokens, cfg, device, autocast)
