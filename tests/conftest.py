@@ -37,3 +37,14 @@ def tiny_model_dir(synth_dir, tmp_path_factory) -> Path:
         progress=False,
     )
     return out
+
+
+def run_cli(argv: list[str]) -> int:
+    """Exit code of `genrec ARGV` (click's standalone mode raises SystemExit even on success)."""
+    from genrec.platform.cli import main
+
+    try:
+        main(argv)
+    except SystemExit as e:
+        return int(e.code or 0)
+    return 0

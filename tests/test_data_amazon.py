@@ -9,23 +9,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import run_cli
 
 from genrec.workloads.data.amazon import import_amazon, k_core
 from genrec.workloads.data.dataset import DatasetError, load_dataset
 
 CORE_USERS = [f"U{k:02d}" for k in range(10)]
 CORE_ITEMS = [f"B{k:03d}" for k in range(8)]
-
-
-def run_cli(argv: list[str]) -> int:
-    """Exit code of `genrec ARGV` (main may return or raise SystemExit on success)."""
-    from genrec.platform.cli import main
-
-    try:
-        main(argv)
-    except SystemExit as e:
-        return int(e.code or 0)
-    return 0
 
 
 def fixture_reviews() -> list[dict]:

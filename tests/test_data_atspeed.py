@@ -7,22 +7,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import run_cli
 
 from genrec.workloads.data.atspeed import import_atspeed
 from genrec.workloads.data.dataset import DatasetError, load_dataset
 
 BEAUTY = Path(__file__).resolve().parents[1].parent / "shared" / "datasets" / "beauty"
-
-
-def run_cli(argv: list[str]) -> int:
-    """Exit code of `genrec ARGV` (main may return or raise SystemExit on success)."""
-    from genrec.platform.cli import main
-
-    try:
-        main(argv)
-    except SystemExit as e:
-        return int(e.code or 0)
-    return 0
 
 
 # --- the shipped Beauty data ---------------------------------------------------------------------

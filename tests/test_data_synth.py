@@ -8,20 +8,10 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import run_cli
 
 from genrec.workloads.data.dataset import DatasetError, load_dataset
 from genrec.workloads.data.synth import SynthConfig, generate_synthetic, synth_dataset
-
-
-def run_cli(argv: list[str]) -> int:
-    """Exit code of `genrec ARGV` (main may return or raise SystemExit on success)."""
-    from genrec.platform.cli import main
-
-    try:
-        main(argv)
-    except SystemExit as e:
-        return int(e.code or 0)
-    return 0
 
 
 def frames(cfg: SynthConfig) -> tuple:

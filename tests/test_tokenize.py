@@ -9,6 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import torch
+from conftest import run_cli
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -415,17 +416,6 @@ def test_pipeline_rejects_missing_source_and_same_folder(tiny: Path, tmp_path: P
 
 
 # --- CLI -----------------------------------------------------------------------------------------
-def run_cli(argv: list[str]) -> int:
-    """Exit code of `genrec ARGV` (main may return or raise SystemExit, depending on click's mode)."""
-    from genrec.platform.cli import main
-
-    try:
-        main(argv)
-    except SystemExit as e:
-        return 0 if e.code is None else int(e.code)
-    return 0
-
-
 def test_cli_tokenize(tiny: Path, tmp_path: Path, capsys):
     out = tmp_path / "tok"
     argv = ["tokenize", "--data", str(tiny), "--out", str(out), "--method", "rqkmeans"]

@@ -5,22 +5,13 @@ import math
 
 import numpy as np
 import pytest
+from conftest import run_cli
 
 from genrec.workloads.decoding.base import ItemIndex
 from genrec.workloads.errors import UserInputError
 from genrec.workloads.evaluation import EvalConfig, evaluate, load_context
 from genrec.workloads.models.checkpoint import load_checkpoint
 from genrec.workloads.training.trainer import TrainConfig, lr_at, train
-
-
-def run_cli(argv):
-    from genrec.platform.cli import main
-
-    try:
-        main(argv)
-    except SystemExit as e:
-        return e.code or 0
-    return 0
 
 
 def test_training_lowers_validation_loss_and_keeps_the_best(tiny_model_dir):

@@ -7,6 +7,7 @@ scalar columns for Parquet and MLflow by `to_flat()`.
 from __future__ import annotations
 
 import json
+import os
 import platform as py_platform
 import resource
 import subprocess
@@ -33,7 +34,12 @@ class Environment:
 
 
 def git_commit(repo: Path | None = None) -> str:
-    """HEAD of the checkout this code runs from, with '+dirty' for local changes; 'unknown' outside git."""
+    """HEAD of the checkout this code runs from, with '+dirty' for local changes.
+
+    Outside a git checkout (e.g. a working tree copied to a GPU machine) GENREC_GIT_COMMIT names it.
+    """
+    if os.environ.get("GENREC_GIT_COMMIT"):
+        return os.environ["GENREC_GIT_COMMIT"]
     repo = repo or Path(__file__).resolve().parents[1]
     try:
         head = subprocess.run(

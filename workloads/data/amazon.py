@@ -53,7 +53,7 @@ from genrec.workloads.data.dataset import (
     split_counts,
     write_dataset,
 )
-from genrec.workloads.data.synth import leave_one_out, temporal_split
+from genrec.workloads.data.splits import leave_one_out, temporal_split
 from genrec.workloads.sid_codec import SIDCodec, codebook_utilisation, ensure_unique_sids
 
 IMPORTER_VERSION = "1"

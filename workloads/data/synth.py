@@ -38,12 +38,12 @@ from genrec.workloads.data.dataset import (
     split_counts,
     write_dataset,
 )
+from genrec.workloads.data.splits import leave_one_out, temporal_split
 from genrec.workloads.sid_codec import SIDCodec, codebook_utilisation, ensure_unique_sids
 
 GENERATOR_NAME = "genrec.synth"
 GENERATOR_VERSION = "1"
 SPLIT_RULES = ("leave-one-out", "temporal")
-TEMPORAL_FRACTIONS = (0.8, 0.1, 0.1)
 
 
 @dataclass(frozen=True)
@@ -273,34 +273,6 @@ def hierarchical_sids(latent: LatentItems, sizes: tuple[int, ...], n_sub: int) -
     stats = {"method": "hierarchical(cluster, sub-cluster, popularity rank) + linear probing"}
     stats["relocated_items"] = int((keys != preferred).sum())
     return codes, stats
-
-
-# --- splits --------------------------------------------------------------------------------------
-def leave_one_out(lengths: np.ndarray, positions: np.ndarray) -> np.ndarray:
-    """Per flattened interaction: last -> test, second-last -> valid, the rest -> train."""
-    user_len = np.repeat(lengths, lengths)
-    split = np.full(len(positions), "train", dtype=object)
-    split[positions == user_len - 2] = "valid"
-    split[positions == user_len - 1] = "test"
-    return split
-
-
-def temporal_split(
-    times: np.ndarray,
-    tiebreak: np.ndarray | None = None,
-    fractions: tuple[float, float, float] = TEMPORAL_FRACTIONS,
-) -> np.ndarray:
-    """Global time order cut 8:1:1; equal times are ordered by `tiebreak`, else by input order."""
-    n = len(times)
-    rank = np.empty(n, dtype=np.int64)
-    keys = (np.arange(n) if tiebreak is None else tiebreak, times)
-    rank[np.lexsort(keys)] = np.arange(n)
-    cut_train = int(round(fractions[0] * n))
-    cut_valid = int(round((fractions[0] + fractions[1]) * n))
-    split = np.full(n, "train", dtype=object)
-    split[rank >= cut_train] = "valid"
-    split[rank >= cut_valid] = "test"
-    return split
 
 
 def interaction_times(lengths: np.ndarray, rng: np.random.Generator) -> np.ndarray:
