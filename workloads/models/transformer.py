@@ -153,9 +153,10 @@ class KVCache:
         """Row i takes the decoded steps of row parent[i] (flat indices into B*W), in place."""
         if self.steps == 0:
             return
+        t = self.steps
         for k, v in zip(self.beam_k, self.beam_v):
-            k[:, :, : self.steps] = k.index_select(0, parent)[:, :, : self.steps]
-            v[:, :, : self.steps] = v.index_select(0, parent)[:, :, : self.steps]
+            k[:, :, :t] = k[:, :, :t].index_select(0, parent)
+            v[:, :, :t] = v[:, :, :t].index_select(0, parent)
 
 
 @dataclass
