@@ -8,6 +8,7 @@ import typer
 
 from genrec.platform.commands import data as data_commands
 from genrec.platform.commands import model as model_commands
+from genrec.platform.commands import report as report_commands
 from genrec.platform.commands import tokenize as tokenize_commands
 from genrec.workloads.errors import UserInputError
 
@@ -21,6 +22,7 @@ app = typer.Typer(
 app.add_typer(data_commands.app, name="data")
 tokenize_commands.register(app)
 model_commands.register(app)
+report_commands.register(app)
 
 
 # Options that take several values after one flag (`--k 5 10`); click wants `--k 5 --k 10`.

@@ -1,0 +1,80 @@
+"""`genrec report`: a standalone HTML report (works offline) from the Parquet result rows.
+
+plotly and the dashboards are imported inside the command so `genrec --help` stays fast.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from genrec.workloads.errors import UserInputError
+
+DEFAULT_RESULTS_DIR = "runs/results"  # same default as genrec.platform.tracking
+
+
+def parse_budgets(text: str | None) -> list[float] | None:
+    """'10,50,100' -> [10.0, 50.0, 100.0] (milliseconds, sorted); None or '' -> None."""
+    if not text:
+        return None
+    try:
+        budgets = sorted({float(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        raise UserInputError(
+            f"--budgets {text!r}: expected comma-separated milliseconds, e.g. --budgets 10,50,100"
+        ) from None
+    if not budgets or any(b <= 0 for b in budgets):
+        raise UserInputError(f"--budgets {text!r}: budgets must be positive milliseconds, e.g. 10,50,100")
+    return budgets
+
+
+def report_command(
+    experiment: Annotated[
+        str | None, typer.Option(help="Experiment to report (default: every experiment in --results-dir).")
+    ] = None,
+    results_dir: Annotated[
+        Path, typer.Option(help="Results folder holding parquet/experiment=<name>/ rows.")
+    ] = Path(DEFAULT_RESULTS_DIR),
+    out: Annotated[
+        Path | None,
+        typer.Option(help="HTML file to write (default: RESULTS_DIR/reports/<experiment or all>.html)."),
+    ] = None,
+    metric: Annotated[
+        str | None,
+        typer.Option(
+            help="Quality metric for the Pareto front and budget table (default: largest recall@K)."
+        ),
+    ] = None,
+    latency: Annotated[
+        str,
+        typer.Option(help="Latency statistic for the cost axis and budgets: p50 or p99 (also p90, mean)."),
+    ] = "p50",
+    budgets: Annotated[
+        str | None,
+        typer.Option(
+            help="Latency budgets in ms, e.g. 10,50,100 (default: quantiles of observed latencies)."
+        ),
+    ] = None,
+    title: Annotated[str | None, typer.Option(help="Page title.")] = None,
+) -> None:
+    """Build a standalone HTML report: quality and latency vs beam width, Pareto front, best per budget."""
+    from genrec.dashboards.report import build_report
+
+    path = build_report(
+        results_dir,
+        experiment,
+        out,
+        title,
+        metric=metric,
+        latency=latency,
+        budgets_ms=parse_budgets(budgets),
+    )
+    path = path.resolve()
+    typer.echo(f"report -> {path}")
+    typer.echo(path.as_uri())
+
+
+def register(app: typer.Typer) -> None:
+    app.command("report")(report_command)
