@@ -1,4 +1,5 @@
 # The README's commands. `make demo` sets everything up and runs the main job; `make test` runs the tests.
+# The experiment files name runs/data/synth and runs/models/tiny, so keep RUNS=runs for `make demo`.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -20,7 +21,8 @@ $(VENV)/.installed: pyproject.toml
 demo: setup
 	$(BIN)/genrec data synth --out $(RUNS)/data/synth --seed 0 --overwrite
 	$(BIN)/genrec train --data $(RUNS)/data/synth --model tiny --out $(RUNS)/models/tiny --epochs 8
-	$(BIN)/genrec eval --model $(RUNS)/models/tiny --decoder beam --beam-width 10 --k 5 10
+	$(BIN)/genrec eval --model $(RUNS)/models/tiny --decoder beam --beam-width 10 --k 5 10 --quiet
+	$(BIN)/genrec sweep experiments/beam_width.yaml --overwrite
 
 test: setup
 	$(BIN)/ruff check .

@@ -9,6 +9,7 @@ import typer
 from genrec.platform.commands import data as data_commands
 from genrec.platform.commands import model as model_commands
 from genrec.platform.commands import report as report_commands
+from genrec.platform.commands import sweep as sweep_commands
 from genrec.platform.commands import tokenize as tokenize_commands
 from genrec.workloads.errors import UserInputError
 
@@ -23,6 +24,7 @@ app.add_typer(data_commands.app, name="data")
 tokenize_commands.register(app)
 model_commands.register(app)
 report_commands.register(app)
+sweep_commands.register(app)
 
 
 # Options that take several values after one flag (`--k 5 10`); click wants `--k 5 --k 10`.

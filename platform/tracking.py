@@ -7,6 +7,9 @@ Parquet layout under the results folder, one file per result row:
 Each file holds one row of `ResultRow.to_flat()` columns (schema_version included). Files are
 written to a temporary name and renamed, so a reader never sees half a row, and writing the same
 run id twice replaces the row instead of duplicating it (resumed sweeps rely on this).
+
+The same rows go to MLflow (`MlflowStore`, below): an embedded sqlite store under the results
+folder by default, or any tracking server named by URI. mlflow is imported only when used.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import os
 import re
 import tempfile
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -97,3 +101,217 @@ def read_results(results_dir: str | os.PathLike, experiment: str | None = None) 
             f"({RESULT_SCHEMA_VERSION}); upgrade genrec-lab"
         )
     return df.sort_values("created_at", kind="stable").reset_index(drop=True)
+
+
+def read_rows(results_dir: str | os.PathLike, experiment: str) -> list[dict]:
+    """The stored rows of one experiment exactly as written (one dict per file, no NaN filling)."""
+    folder = parquet_root(results_dir) / f"experiment={check_experiment_name(experiment)}"
+    return [pq.read_table(f).to_pylist()[0] for f in sorted(folder.glob("*.parquet"))]
+
+
+def read_row(results_dir: str | os.PathLike, experiment: str, run_id: str) -> dict | None:
+    """One stored row, or None when that run id has no row yet."""
+    path = row_path(results_dir, experiment, run_id)
+    return pq.read_table(path).to_pylist()[0] if path.is_file() else None
+
+
+def delete_rows(results_dir: str | os.PathLike, experiment: str) -> int:
+    """Remove every row of an experiment (`genrec sweep --overwrite`); returns how many."""
+    folder = parquet_root(results_dir) / f"experiment={check_experiment_name(experiment)}"
+    files = list(folder.glob("*.parquet"))
+    for f in files:
+        f.unlink()
+    return len(files)
+
+
+# --- MLflow --------------------------------------------------------------------------------------
+# The same flat row goes to MLflow, split into params (what was run), metrics (what was measured)
+# and tags (where and with what it ran). Column names are kept, except that MLflow forbids '@' in
+# names: 'recall@10' is logged as 'recall_at_10'. A run carries the row's run id in the tag
+# `genrec.run_id`; every write first looks runs up by that tag, so writing a row again never adds a
+# second run (see MlflowStore.log_row). Parquet is the source of truth: `sync_from_parquet`
+# repairs MLflow from it (a driver killed between the two writes, runs left RUNNING).
+
+KIND_TAG = "genrec.kind"  # "trial" (one per result row) or "sweep" (one per experiment)
+RUN_ID_TAG = "genrec.run_id"
+CREATED_TAG = "genrec.created_at"  # with trial_started_at: tells a re-evaluated row from the same one
+PARAM_COLUMNS = ("decoder", "decoder_params", "dataset", "model", "split", "seed", "batch_size", "users")
+TAG_COLUMNS = (
+    "experiment",
+    "device",
+    "threads",
+    "torch_version",
+    "triton_version",
+    "python_version",
+    "git_commit",
+    "host",
+    "schema_version",
+    "ray_trial_id",
+    "trial_started_at",
+)
+_BAD_NAME_CHARS = re.compile(r"[^\w./\- ]")
+
+
+def sqlite_uri(results_dir: str | os.PathLike) -> str:
+    """The embedded MLflow store: an absolute sqlite path under the results folder."""
+    return f"sqlite:///{Path(results_dir).resolve() / 'mlflow.db'}"
+
+
+def mlflow_name(column: str) -> str:
+    return _BAD_NAME_CHARS.sub("_", column.replace("@", "_at_"))
+
+
+def split_row_for_mlflow(flat: dict) -> tuple[dict[str, str], dict[str, float], dict[str, str]]:
+    """(params, metrics, tags) of one flat result row."""
+    params, metrics, tags = {}, {}, {}
+    for key, value in flat.items():
+        if value is None or key in ("run_id", "created_at"):
+            continue
+        if key in PARAM_COLUMNS or key.startswith("param_"):
+            params[mlflow_name(key)] = str(value)
+        elif key in TAG_COLUMNS:
+            tags[key] = str(value)
+        elif isinstance(value, bool):
+            params[mlflow_name(key)] = str(value)
+        elif isinstance(value, int | float):
+            metrics[mlflow_name(key)] = float(value)
+        else:
+            tags[key] = str(value)
+    tags[RUN_ID_TAG] = str(flat["run_id"])
+    tags[CREATED_TAG] = row_identity(flat)
+    tags[KIND_TAG] = "trial"
+    if flat.get("git_commit"):
+        tags["mlflow.source.git.commit"] = str(flat["git_commit"]).removesuffix("+dirty")
+    return params, metrics, tags
+
+
+def row_identity(flat: dict) -> str:
+    return f"{flat.get('created_at', '')}|{flat.get('trial_started_at', '')}"
+
+
+def prepare_mlflow(tracking_uri: str, experiment: str, artifact_location: str | None = None) -> str:
+    """Create the store (sqlite schema migrations run here, once) and the experiment, in the driver,
+    before any trial starts. Returns the experiment id."""
+    from mlflow.tracking import MlflowClient
+
+    if tracking_uri.startswith("sqlite:///"):
+        Path(tracking_uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    client = MlflowClient(tracking_uri=tracking_uri)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return client.create_experiment(experiment, artifact_location=artifact_location)
+    if exp.lifecycle_stage == "deleted":
+        client.restore_experiment(exp.experiment_id)
+    return exp.experiment_id
+
+
+class MlflowStore:
+    """Result rows of one experiment as MLflow runs, idempotent by `genrec.run_id`."""
+
+    def __init__(self, tracking_uri: str, experiment: str, artifact_location: str | None = None) -> None:
+        from mlflow.tracking import MlflowClient
+
+        self.tracking_uri = tracking_uri
+        self.experiment = experiment
+        self.experiment_id = prepare_mlflow(tracking_uri, experiment, artifact_location)
+        self.client = MlflowClient(tracking_uri=tracking_uri)
+
+    def runs(self, kind: str = "trial", run_id: str | None = None) -> list:
+        """Active runs of this experiment of one kind (optionally one genrec run id), all pages."""
+        query = f"tags.`{KIND_TAG}` = '{kind}'"
+        if run_id is not None:
+            query += f" and tags.`{RUN_ID_TAG}` = '{run_id}'"
+        out, token = [], None
+        while True:
+            page = self.client.search_runs([self.experiment_id], query, max_results=1000, page_token=token)
+            out += list(page)
+            token = page.token
+            if not token:
+                return out
+
+    def log_row(self, flat: dict, existing: list | None = None) -> str:
+        """Exactly one FINISHED run per row: an identical run (same run id and created_at) is kept,
+        anything else under that run id (stale, duplicate or left RUNNING by a killed driver) is
+        deleted and the row logged afresh. Returns the MLflow run id."""
+        from mlflow.entities import Metric, Param, RunTag
+
+        run_id = str(flat["run_id"])
+        existing = self.runs("trial", run_id) if existing is None else existing
+        created = row_identity(flat)
+        keep = [
+            r for r in existing if r.info.status == "FINISHED" and r.data.tags.get(CREATED_TAG) == created
+        ]
+        for r in existing:
+            if not keep or r.info.run_id != keep[0].info.run_id:
+                self.client.delete_run(r.info.run_id)
+        if keep:
+            return keep[0].info.run_id
+        params, metrics, tags = split_row_for_mlflow(flat)
+        run = self.client.create_run(
+            self.experiment_id, tags={KIND_TAG: "trial", RUN_ID_TAG: run_id}, run_name=run_id
+        )
+        ts = int(time.time() * 1000)
+        self.client.log_batch(
+            run.info.run_id,
+            metrics=[Metric(k, v, ts, 0) for k, v in metrics.items()],
+            params=[Param(k, v[:6000]) for k, v in params.items()],
+            tags=[RunTag(k, v) for k, v in tags.items()],
+        )
+        self.client.set_terminated(run.info.run_id, "FINISHED")
+        return run.info.run_id
+
+    def sync_from_parquet(self, results_dir: str | os.PathLike) -> dict[str, int]:
+        """Make MLflow hold exactly the experiment's Parquet rows: one FINISHED run per row, runs
+        whose row is gone deleted. Idempotent; returns counts of runs logged and deleted."""
+        by_id: dict[str, list] = {}
+        for r in self.runs("trial"):
+            by_id.setdefault(r.data.tags.get(RUN_ID_TAG, ""), []).append(r)
+        rows = {str(row["run_id"]): row for row in read_rows(results_dir, self.experiment)}
+        logged = deleted = 0
+        for run_id, row in rows.items():
+            runs = by_id.get(run_id, [])
+            ok = [r for r in runs if r.info.status == "FINISHED"]
+            if len(runs) == 1 and ok and ok[0].data.tags.get(CREATED_TAG) == row_identity(row):
+                continue
+            self.log_row(row, existing=runs)
+            logged += 1
+        for run_id, runs in by_id.items():
+            if run_id not in rows:
+                for r in runs:
+                    self.client.delete_run(r.info.run_id)
+                    deleted += 1
+        return {"logged": logged, "deleted": deleted}
+
+    def delete_all(self) -> int:
+        """Delete every run of the experiment (trials and sweep summaries), for --overwrite."""
+        runs = self.runs("trial") + self.runs("sweep")
+        for r in runs:
+            self.client.delete_run(r.info.run_id)
+        return len(runs)
+
+    def log_sweep(
+        self,
+        metrics: dict[str, float],
+        params: dict[str, object],
+        artifacts: list[Path],
+        tags: dict[str, str] | None = None,
+    ) -> str:
+        """One experiment-level run (kind 'sweep') holding the sweep's summary and the report;
+        an earlier one is replaced."""
+        for r in self.runs("sweep"):
+            self.client.delete_run(r.info.run_id)
+        run = self.client.create_run(
+            self.experiment_id,
+            tags={KIND_TAG: "sweep", **(tags or {})},
+            run_name=f"{self.experiment}-sweep",
+        )
+        rid = run.info.run_id
+        for k, v in params.items():
+            self.client.log_param(rid, mlflow_name(k), str(v)[:6000])
+        for k, v in metrics.items():
+            self.client.log_metric(rid, mlflow_name(k), float(v))
+        for path in artifacts:
+            if Path(path).is_file():
+                self.client.log_artifact(rid, str(path))
+        self.client.set_terminated(rid, "FINISHED")
+        return rid

@@ -1,0 +1,174 @@
+"""`genrec sweep EXPERIMENT.yaml` (Ray Tune) and `genrec runs` (query the Parquet result rows).
+
+Ray, MLflow and pandas are imported inside the commands so `genrec --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from genrec.workloads.errors import UserInputError
+
+DEFAULT_COLUMNS = (
+    "run_id",
+    "decoder",
+    "param_*",
+    "seed",
+    "hr@*",
+    "ndcg@*",
+    "recall@*",
+    "invalid_rate",
+    "latency_p50_ms",
+    "latency_p99_ms",
+    "throughput_users_per_s",
+    "trial_wall_s",
+)
+
+
+def sweep_command(
+    experiment: Annotated[Path, typer.Argument(help="Experiment file, e.g. experiments/beam_width.yaml.")],
+    resume: Annotated[
+        bool,
+        typer.Option("--resume", help="Finish an interrupted sweep: finished trials are kept, not re-run."),
+    ] = False,
+    overwrite: Annotated[
+        bool,
+        typer.Option("--overwrite", help="Delete the experiment's earlier rows, MLflow runs and Tune state."),
+    ] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Validate and print the trials without running them.")
+    ] = False,
+    results_dir: Annotated[
+        Path | None, typer.Option(help="Results folder (overrides tracking.results_dir).")
+    ] = None,
+    ray_address: Annotated[
+        str | None,
+        typer.Option(help="Ray cluster to run on (default: experiment's ray.address, RAY_ADDRESS, local)."),
+    ] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", help="No per-trial lines.")] = False,
+) -> None:
+    """Run a parameter sweep of a decoder with Ray Tune; rows go to Parquet and MLflow."""
+    from genrec.platform.experiment import load_experiment, resolve_paths
+
+    if resume and overwrite:
+        raise UserInputError("--resume and --overwrite exclude each other: pick one")
+    cfg = load_experiment(experiment)
+    if results_dir is not None:
+        cfg.tracking.results_dir = results_dir
+        resolve_paths(cfg, Path.cwd())
+    if dry_run:
+        print_dry_run(cfg)
+        return
+    from genrec.platform.sweep import run_sweep
+
+    summary = run_sweep(cfg, resume=resume, overwrite=overwrite, progress=not quiet, ray_address=ray_address)
+    for line in summary.lines():
+        typer.echo(line)
+    if summary.trials_failed:
+        raise typer.Exit(1)
+
+
+def print_dry_run(cfg) -> None:
+    trials = cfg.trial_grid()
+    model = (
+        f"checkpoint {cfg.model.checkpoint}" if cfg.model.checkpoint else f"train -> {cfg.model.train.out}"
+    )
+    typer.echo(
+        f"experiment {cfg.name}: decoder {cfg.decoder}, {len(trials)} trials, {cfg.metric} ({cfg.mode})"
+    )
+    typer.echo(f"dataset  {cfg.dataset.path}")
+    typer.echo(f"model    {model}")
+    typer.echo(f"fixed    {cfg.params or '{}'}; eval {cfg.eval.model_dump()}")
+    typer.echo(
+        f"per trial {cfg.resources.cpu} CPU / {cfg.resources.gpu} GPU; max_failures {cfg.max_failures}"
+    )
+    typer.echo(f"results  {cfg.results_dir} (mlflow: {cfg.mlflow_uri if cfg.tracking.mlflow else 'off'})")
+    if not trials:
+        return
+    cols = list(trials[0])
+    widths = [max(len(c), *(len(str(t[c])) for t in trials)) for c in cols]
+    fmt = "  ".join(f"{{:>{w}}}" for w in [5, *widths])
+    typer.echo(fmt.format("trial", *cols))
+    for i, t in enumerate(trials):
+        typer.echo(fmt.format(i, *(str(t[c]) for c in cols)))
+
+
+def select_columns(columns: list[str], wanted: list[str]) -> list[str]:
+    """Column names matching the patterns (fnmatch, e.g. 'param_*'), in the order asked."""
+    from fnmatch import fnmatchcase
+
+    out: list[str] = []
+    for pattern in wanted:
+        hits = [c for c in columns if fnmatchcase(c, pattern)]
+        if not hits and not any(ch in pattern for ch in "*?["):
+            raise UserInputError(f"--columns: no column {pattern!r}; columns: {columns}")
+        out += [c for c in hits if c not in out]
+    return out
+
+
+def runs_command(
+    experiment: Annotated[str | None, typer.Option(help="Only this experiment's rows.")] = None,
+    decoder: Annotated[str | None, typer.Option(help="Only rows of this decoder.")] = None,
+    where: Annotated[
+        str | None,
+        typer.Option(
+            help='pandas query on the columns, e.g. "param_beam_width >= 20 and `recall@10` > 0.5" '
+            "(backquote names with @)."
+        ),
+    ] = None,
+    columns: Annotated[
+        str | None,
+        typer.Option(help="Comma-separated columns or patterns (param_*, hr@*); 'all' for every column."),
+    ] = None,
+    sort: Annotated[str | None, typer.Option(help="Sort by this column (prefix '-' for descending).")] = None,
+    results_dir: Annotated[Path, typer.Option(help="Results folder.")] = Path("runs/results"),
+    fmt: Annotated[str, typer.Option("--format", help="table, csv or json (one object per line).")] = "table",
+) -> None:
+    """List result rows from the Parquet store, filtered with pandas."""
+    from genrec.platform.tracking import list_experiments, read_results
+
+    if fmt not in ("table", "csv", "json"):
+        raise UserInputError(f"--format must be table, csv or json, got {fmt!r}")
+    if experiment is not None and experiment not in list_experiments(results_dir):
+        raise UserInputError(
+            f"no rows of experiment {experiment!r} in {results_dir.resolve()}; "
+            f"experiments there: {list_experiments(results_dir)}"
+        )
+    df = read_results(results_dir, experiment)
+    if df.empty:
+        typer.echo(f"no result rows in {results_dir.resolve()}", err=True)
+        return
+    if decoder is not None:
+        df = df[df["decoder"] == decoder]
+    if where:
+        try:
+            df = df.query(where, engine="python")
+        except Exception as e:  # noqa: BLE001 - pandas raises many types for a bad expression
+            raise UserInputError(
+                f"--where {where!r}: {type(e).__name__}: {e}; columns: {list(df.columns)} "
+                "(backquote names like `recall@10`)"
+            ) from None
+    if sort:
+        key = sort.lstrip("-")
+        if key not in df.columns:
+            raise UserInputError(f"--sort: no column {key!r}; columns: {list(df.columns)}")
+        df = df.sort_values(key, ascending=not sort.startswith("-"), kind="stable")
+    wanted = [c.strip() for c in columns.split(",")] if columns else list(DEFAULT_COLUMNS)
+    if wanted != ["all"]:
+        df = df[select_columns(list(df.columns), wanted)]
+    if fmt == "csv":
+        typer.echo(df.to_csv(index=False), nl=False)
+    elif fmt == "json":
+        for record in json.loads(df.to_json(orient="records")):
+            typer.echo(json.dumps(record))
+    else:
+        typer.echo(df.to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("sweep")(sweep_command)
+    app.command("runs")(runs_command)

@@ -1,0 +1,555 @@
+"""Experiment definitions: `experiments/*.yaml` loaded into typed, validated config.
+
+An experiment names a dataset, a model (a checkpoint, or a training step that creates one), a
+registered decoder with fixed parameters and a search space over the others, seeds, the metric to
+optimise, resources per trial and where results go. Everything that can be checked without running
+a trial is checked here, before Ray starts: unknown keys, unknown decoders and parameter names
+(with the valid choices listed), every value of the search space building valid decoder Params,
+missing dataset or checkpoint folders, a metric the evaluation does not produce. Errors are
+`UserInputError`s that name the key path (`search_space.beam_width.grid[2]`), so the CLI exits
+with code 2 and nothing is written.
+
+Relative paths resolve against the current directory (the repo root for `make demo`), not the
+YAML's folder, and are stored absolute: Ray workers and resumed sweeps see the same paths.
+
+Search space kinds (one per parameter):
+
+    grid:       [v, ...]                 every value (tune.grid_search); multiplies the trial count
+    choice:     [v, ...]                 one value drawn per sample (tune.choice)
+    range:      {low, high, step}        a grid low, low+step, ... <= high (inclusive)
+    uniform:    {low, high}              drawn per sample (tune.uniform)
+    loguniform: {low, high}              drawn per sample (tune.loguniform)
+    randint:    {low, high}              drawn per sample, both ends inclusive
+
+Trials = product of grid sizes x len(seeds) x num_samples.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+from dataclasses import MISSING, fields
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+
+from genrec.workloads.errors import UserInputError
+
+QUALITY_METRICS = ("hr", "ndcg", "recall")
+OTHER_METRICS = (
+    "invalid_rate",
+    "latency_mean_ms",
+    "latency_p50_ms",
+    "latency_p90_ms",
+    "latency_p99_ms",
+    "throughput_users_per_s",
+    "memory_peak_mb",
+    "trial_wall_s",
+)
+MAX_COMBINATIONS_CHECKED = 10_000
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=False)
+
+
+class DatasetSpec(_Strict):
+    path: Path = Field(description="dataset folder from `genrec data synth` / `genrec data import`")
+
+
+class TrainSpec(_Strict):
+    """Train a checkpoint before the sweep (skipped when `out` already holds one)."""
+
+    out: Path
+    size: str = "tiny"
+    epochs: int = 8
+    batch_size: int = 128
+    lr: float = 3e-3
+    max_items: int = 20
+    seed: int = 0
+    threads: int = 0
+
+
+class ModelSpec(_Strict):
+    checkpoint: Path | None = None
+    train: TrainSpec | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelSpec:
+        if (self.checkpoint is None) == (self.train is None):
+            raise ValueError("give exactly one of `checkpoint: PATH` or `train: {out: PATH, size: ...}`")
+        return self
+
+    @property
+    def path(self) -> Path:
+        return self.checkpoint if self.checkpoint is not None else self.train.out  # type: ignore[union-attr]
+
+
+class Bounds(_Strict):
+    low: float
+    high: float
+
+
+class RangeSpec(_Strict):
+    low: float
+    high: float
+    step: float = 1
+
+
+class SpaceSpec(_Strict):
+    grid: list[Any] | None = None
+    choice: list[Any] | None = None
+    range: RangeSpec | None = None
+    uniform: Bounds | None = None
+    loguniform: Bounds | None = None
+    randint: Bounds | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> SpaceSpec:
+        kinds = [k for k in SPACE_KINDS if getattr(self, k) is not None]
+        if len(kinds) != 1:
+            raise ValueError(f"give exactly one of {list(SPACE_KINDS)}, got {kinds or 'none'}")
+        return self
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in SPACE_KINDS if getattr(self, k) is not None)
+
+
+SPACE_KINDS = ("grid", "choice", "range", "uniform", "loguniform", "randint")
+
+
+class EvalSpec(_Strict):
+    split: Literal["valid", "test"] = "test"
+    ks: list[int] = Field(default_factory=lambda: [5, 10])
+    batch_size: int = 64
+    max_users: int = 0  # 0 = every user with a target in the split
+    warmup_batches: int = 1
+    threads: int = 0  # torch threads per trial; 0 = the trial's CPU count (at least 1)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+
+
+class ResourcesSpec(_Strict):
+    cpu: float = 1.0
+    gpu: float | Literal["auto"] = "auto"  # auto: 0.25 of a GPU per trial when the cluster has GPUs
+
+
+class TrackingSpec(_Strict):
+    results_dir: Path = Path("runs/results")
+    mlflow: bool = True
+    mlflow_uri: str | None = None  # None: sqlite:///<results_dir>/mlflow.db (embedded, no server)
+    artifact_location: str | None = None  # None: <results_dir>/mlflow-artifacts for the embedded store
+    storage_path: Path | None = None  # Ray Tune experiment state; None: <results_dir>/ray
+    report: bool = True  # build the Plotly report after the sweep when genrec.dashboards has it
+
+
+class RaySpec(_Strict):
+    address: str | None = None  # None: RAY_ADDRESS if set, else a local instance
+    num_cpus: int | None = None  # local instance only; None: every core
+
+
+class ExperimentConfig(_Strict):
+    name: str
+    description: str = ""
+    dataset: DatasetSpec
+    model: ModelSpec
+    decoder: str
+    params: dict[str, Any] = Field(default_factory=dict)
+    search_space: dict[str, SpaceSpec] = Field(default_factory=dict)
+    seeds: list[int] = Field(default_factory=lambda: [0])
+    eval: EvalSpec = Field(default_factory=EvalSpec)
+    metric: str = "recall@10"
+    mode: Literal["max", "min"] = "max"
+    num_samples: int = 1
+    max_concurrent: int = 0  # 0: as many as the resources allow
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+    max_failures: int = 1  # retries of a failed trial
+    tracking: TrackingSpec = Field(default_factory=TrackingSpec)
+    ray: RaySpec = Field(default_factory=RaySpec)
+    _source: Path | None = PrivateAttr(default=None)  # the YAML file, set by the loader
+
+    # ---- derived -----------------------------------------------------------------------------
+    @property
+    def source(self) -> Path | None:
+        return self._source
+
+    @property
+    def results_dir(self) -> Path:
+        return self.tracking.results_dir
+
+    @property
+    def storage_path(self) -> Path:
+        return self.tracking.storage_path or self.tracking.results_dir / "ray"
+
+    @property
+    def mlflow_uri(self) -> str:
+        return self.tracking.mlflow_uri or f"sqlite:///{self.tracking.results_dir / 'mlflow.db'}"
+
+    @property
+    def artifact_location(self) -> str | None:
+        if self.tracking.artifact_location:
+            return self.tracking.artifact_location
+        if self.tracking.mlflow_uri is None:  # embedded store: artifacts next to the database
+            return (self.tracking.results_dir / "mlflow-artifacts").as_uri()
+        return None  # a real server decides
+
+    @property
+    def ks(self) -> tuple[int, ...]:
+        return tuple(sorted(set(self.eval.ks)))
+
+    def valid_metrics(self) -> list[str]:
+        return [f"{m}@{k}" for k in self.ks for m in QUALITY_METRICS] + list(OTHER_METRICS)
+
+    def grid_values(self) -> dict[str, list[Any]]:
+        """Parameters expanded into grid dimensions (grid and range kinds)."""
+        return {
+            name: expand_range(spec.range) if spec.kind == "range" else list(spec.grid or [])
+            for name, spec in self.search_space.items()
+            if spec.kind in ("grid", "range")
+        }
+
+    def num_trials(self) -> int:
+        return math.prod(len(v) for v in self.grid_values().values()) * len(self.seeds) * self.num_samples
+
+    def trial_grid(self) -> list[dict[str, Any]]:
+        """The trials a sweep runs, in Tune's order up to sampling: grid values and seed per trial.
+
+        Sampled dimensions (choice, uniform, ...) show as a description like 'choice[1, 2]'.
+        """
+        grid = self.grid_values()
+        sampled = {name: describe_space(spec) for name, spec in self.search_space.items() if name not in grid}
+        rows = []
+        for _ in range(self.num_samples):
+            for seed in self.seeds:
+                for combo in itertools.product(*grid.values()):
+                    rows.append({**dict(zip(grid, combo)), **sampled, "seed": seed})
+        return rows
+
+    def fingerprint(self) -> str:
+        """What a resumed sweep must not change: the search space, seeds, decoder and eval setup."""
+        keys = ("name", "decoder", "params", "search_space", "seeds", "eval", "metric", "mode", "num_samples")
+        return json.dumps(self.model_dump(mode="json", include=set(keys)), sort_keys=True)
+
+
+def expand_range(r: RangeSpec) -> list[float | int]:
+    n = int(math.floor((r.high - r.low) / r.step + 1e-9)) + 1
+    values = [r.low + i * r.step for i in range(n)]
+    if all(float(x).is_integer() for x in (r.low, r.step)):
+        return [int(round(v)) for v in values]
+    return [round(v, 12) for v in values]
+
+
+def describe_space(spec: SpaceSpec) -> str:
+    kind = spec.kind
+    value = getattr(spec, kind)
+    if kind in ("grid", "choice"):
+        return f"{kind}{value}"
+    return f"{kind}({value.low}, {value.high})"
+
+
+# ---- loading ----------------------------------------------------------------------------------
+def load_experiment(
+    path: str | os.PathLike, base_dir: str | os.PathLike | None = None, check_files: bool = True
+) -> ExperimentConfig:
+    """Read, type-check and validate an experiment file; relative paths resolve against base_dir
+    (default: the current directory). Raises UserInputError naming the key path."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserInputError(f"{path}: no such experiment file (see experiments/*.yaml for examples)")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise UserInputError(f"{path}: not valid YAML ({e})") from None
+    if not isinstance(raw, dict):
+        raise UserInputError(f"{path}: expected a mapping of keys (name, dataset, model, decoder, ...)")
+    return experiment_from_dict(raw, source=path, base_dir=base_dir, check_files=check_files)
+
+
+def experiment_from_dict(
+    raw: dict,
+    source: Path | None = None,
+    base_dir: str | os.PathLike | None = None,
+    check_files: bool = True,
+) -> ExperimentConfig:
+    where = f"{source}: " if source else ""
+    try:
+        cfg = ExperimentConfig.model_validate(raw)
+    except ValidationError as e:
+        raise UserInputError(where + format_validation_error(e)) from None
+    cfg._source = source.resolve() if source else None
+    resolve_paths(cfg, Path(base_dir) if base_dir else Path.cwd())
+    try:
+        validate_experiment(cfg, check_files=check_files)
+    except UserInputError as e:
+        raise UserInputError(where + str(e)) from None
+    return cfg
+
+
+def resolve_paths(cfg: ExperimentConfig, base: Path) -> None:
+    def absolute(p: Path) -> Path:
+        p = p.expanduser()
+        return (p if p.is_absolute() else base / p).resolve()
+
+    cfg.dataset.path = absolute(cfg.dataset.path)
+    if cfg.model.checkpoint is not None:
+        cfg.model.checkpoint = absolute(cfg.model.checkpoint)
+    if cfg.model.train is not None:
+        cfg.model.train.out = absolute(cfg.model.train.out)
+    cfg.tracking.results_dir = absolute(cfg.tracking.results_dir)
+    if cfg.tracking.storage_path is not None:
+        cfg.tracking.storage_path = absolute(cfg.tracking.storage_path)
+
+
+def format_validation_error(e: ValidationError) -> str:
+    """One line per problem: the key path, what is wrong, and the valid keys for unknown ones."""
+    lines = []
+    for err in e.errors():
+        loc = [str(part) for part in err["loc"]]
+        key = ".".join(loc) or "(top level)"
+        if err["type"] == "extra_forbidden":
+            valid = valid_keys_at(loc[:-1])
+            lines.append(f"unknown key `{key}`" + (f"; valid keys here: {valid}" if valid else ""))
+        elif err["type"] == "missing":
+            lines.append(f"missing required key `{key}`")
+        else:
+            msg = err["msg"].removeprefix("Value error, ")
+            lines.append(f"`{key}`: {msg} (got {err.get('input')!r})")
+    return "invalid experiment: " + "; ".join(lines)
+
+
+def valid_keys_at(loc: list[str]) -> list[str]:
+    """Field names of the model found by walking `loc` from ExperimentConfig (dict keys skipped)."""
+    model: type[BaseModel] | None = ExperimentConfig
+    i = 0
+    while model is not None and i < len(loc):
+        field = model.model_fields.get(loc[i])
+        if field is None:
+            return []
+        model, is_mapping = _model_of(field.annotation)
+        i += 2 if is_mapping else 1
+    if model is None:
+        return []
+    return list(model.model_fields)
+
+
+def _model_of(annotation: Any) -> tuple[type[BaseModel] | None, bool]:
+    from typing import get_args, get_origin
+
+    origin = get_origin(annotation)
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation, False
+    if origin is dict:
+        inner, _ = _model_of(get_args(annotation)[1])
+        return inner, True
+    for arg in get_args(annotation):  # Optional[Model] / unions
+        inner, mapping = _model_of(arg)
+        if inner is not None:
+            return inner, mapping
+    return None, False
+
+
+# ---- semantic checks --------------------------------------------------------------------------
+def validate_experiment(cfg: ExperimentConfig, check_files: bool = True) -> None:
+    from genrec.platform.tracking import check_experiment_name
+    from genrec.workloads.decoding.base import decoder_names, get_decoder
+
+    try:
+        check_experiment_name(cfg.name)
+    except UserInputError as e:
+        raise UserInputError(f"`name`: {e}") from None
+    if cfg.decoder not in decoder_names():
+        raise UserInputError(f"`decoder`: unknown decoder {cfg.decoder!r}; choose one of {decoder_names()}")
+    decoder = get_decoder(cfg.decoder)
+    _check_numbers(cfg)
+
+    param_fields = {f.name: f for f in fields(decoder.Params)}
+    for section, names in (("params", cfg.params), ("search_space", cfg.search_space)):
+        for name in names:
+            if name not in param_fields:
+                hint = " (seeds go in `seeds:`)" if name == "seed" else ""
+                raise UserInputError(
+                    f"`{section}.{name}`: decoder {cfg.decoder!r} has no parameter {name!r}{hint}; "
+                    f"valid: {sorted(param_fields)}"
+                )
+    both = sorted(set(cfg.params) & set(cfg.search_space))
+    if both:
+        raise UserInputError(f"`params.{both[0]}` is also in `search_space`; keep it in one place")
+
+    for name, value in cfg.params.items():
+        _check_type(f"params.{name}", param_fields[name], value)
+    candidates: dict[str, list[tuple[str, Any]]] = {}
+    for name, spec in cfg.search_space.items():
+        _check_space(f"search_space.{name}", spec)
+        values = _candidate_values(f"search_space.{name}", spec)
+        for key, value in values:
+            _check_type(key, param_fields[name], value)
+        candidates[name] = values
+    _check_combinations(cfg, candidates)
+
+    if cfg.metric not in cfg.valid_metrics():
+        raise UserInputError(f"`metric`: {cfg.metric!r} is not produced; choose one of {cfg.valid_metrics()}")
+    if check_files:
+        check_inputs(cfg)
+
+
+def _check_numbers(cfg: ExperimentConfig) -> None:
+    checks = [
+        ("eval.ks", min(cfg.eval.ks, default=0) >= 1, "K values must be >= 1 (e.g. [5, 10])"),
+        ("eval.batch_size", cfg.eval.batch_size >= 1, "must be >= 1"),
+        ("eval.max_users", cfg.eval.max_users >= 0, "must be >= 0 (0 = every user)"),
+        ("eval.warmup_batches", cfg.eval.warmup_batches >= 0, "must be >= 0"),
+        ("eval.threads", cfg.eval.threads >= 0, "must be >= 0 (0 = the trial's CPU count)"),
+        ("seeds", len(cfg.seeds) >= 1, "give at least one seed"),
+        ("num_samples", cfg.num_samples >= 1, "must be >= 1"),
+        ("max_concurrent", cfg.max_concurrent >= 0, "must be >= 0 (0 = as resources allow)"),
+        ("max_failures", cfg.max_failures >= 0, "must be >= 0"),
+        ("resources.cpu", cfg.resources.cpu > 0, "must be > 0 (fractions like 0.5 are fine)"),
+        (
+            "resources.gpu",
+            cfg.resources.gpu == "auto" or cfg.resources.gpu >= 0,
+            "must be >= 0 or 'auto'",
+        ),
+        ("ray.num_cpus", cfg.ray.num_cpus is None or cfg.ray.num_cpus >= 1, "must be >= 1"),
+    ]
+    for key, ok, msg in checks:
+        if not ok:
+            raise UserInputError(f"`{key}`: {msg}, got {_get(cfg, key)!r}")
+    if len(set(cfg.seeds)) != len(cfg.seeds):
+        raise UserInputError(f"`seeds`: duplicates in {cfg.seeds}")
+    if cfg.model.train is not None:
+        from genrec.workloads.training.trainer import TrainConfig
+
+        t = cfg.model.train
+        try:
+            TrainConfig(
+                model_size=t.size,
+                epochs=t.epochs,
+                batch_size=t.batch_size,
+                lr=t.lr,
+                max_items=t.max_items,
+                seed=t.seed,
+                threads=t.threads,
+            ).validate()
+        except UserInputError as e:
+            raise UserInputError(f"`model.train`: {e}") from None
+
+
+def _get(cfg: ExperimentConfig, dotted: str) -> Any:
+    obj: Any = cfg
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _check_space(key: str, spec: SpaceSpec) -> None:
+    kind = spec.kind
+    value = getattr(spec, kind)
+    if kind in ("grid", "choice"):
+        if not value:
+            raise UserInputError(f"`{key}.{kind}`: give at least one value")
+        if len({json.dumps(v) for v in value}) != len(value):
+            raise UserInputError(f"`{key}.{kind}`: duplicate values in {value}")
+        return
+    if kind == "range":
+        if value.step <= 0:
+            raise UserInputError(f"`{key}.range.step`: must be > 0, got {value.step}")
+        if value.high < value.low:
+            raise UserInputError(f"`{key}.range`: high ({value.high}) is below low ({value.low})")
+        return
+    if not value.low < value.high:
+        raise UserInputError(f"`{key}.{kind}`: low ({value.low}) must be below high ({value.high})")
+    if kind == "loguniform" and value.low <= 0:
+        raise UserInputError(f"`{key}.loguniform.low`: must be > 0, got {value.low}")
+    if kind == "randint" and not (float(value.low).is_integer() and float(value.high).is_integer()):
+        raise UserInputError(f"`{key}.randint`: low and high must be integers")
+
+
+def _candidate_values(key: str, spec: SpaceSpec) -> list[tuple[str, Any]]:
+    """(key path, value) pairs to validate: every listed value, or the ends of a sampled range."""
+    kind = spec.kind
+    value = getattr(spec, kind)
+    if kind in ("grid", "choice"):
+        return [(f"{key}.{kind}[{i}]", v) for i, v in enumerate(value)]
+    if kind == "range":
+        return [(f"{key}.range", v) for v in expand_range(value)]
+    ends = [value.low, value.high]
+    if kind == "randint":
+        ends = [int(x) for x in ends]
+    return [(f"{key}.{kind}.low", ends[0]), (f"{key}.{kind}.high", ends[1])]
+
+
+def _check_type(key: str, field: Any, value: Any) -> None:
+    """Reject values whose type cannot be the decoder parameter's (judged by its default)."""
+    default = field.default if field.default is not MISSING else None
+    if default is None:
+        return
+    ok = True
+    if isinstance(default, bool):
+        ok = isinstance(value, bool)
+    elif isinstance(default, int):
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif isinstance(default, float):
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+    elif isinstance(default, str):
+        ok = isinstance(value, str)
+    if not ok:
+        raise UserInputError(
+            f"`{key}`: {field.name} takes a {type(default).__name__}, got {value!r} ({type(value).__name__})"
+        )
+
+
+def _check_combinations(cfg: ExperimentConfig, candidates: dict[str, list[tuple[str, Any]]]) -> None:
+    """Every combination of candidate values (with the fixed params) must build valid Params."""
+    from genrec.workloads.evaluation import resolve_params
+
+    names = list(candidates)
+    if math.prod(len(v) for v in candidates.values()) > MAX_COMBINATIONS_CHECKED:
+        # too many combinations: check each value alone with the fixed params
+        checks = [((name,), [kv]) for name in names for kv in candidates[name]]
+    else:
+        checks = [(tuple(names), list(c)) for c in itertools.product(*candidates.values())]
+    for group, picked in checks:
+        values = dict(cfg.params)
+        values.update({name: v for name, (_, v) in zip(group, picked)})
+        try:
+            resolve_params(cfg.decoder, values, cfg.ks)
+        except (UserInputError, TypeError, ValueError) as e:
+            where = ", ".join(f"`{k}` = {v!r}" for k, v in picked) or "`params`"
+            raise UserInputError(f"{where}: {e}") from None
+
+
+def check_inputs(cfg: ExperimentConfig) -> None:
+    """The dataset exists; the checkpoint exists (or will be trained) and fits the dataset."""
+    data = cfg.dataset.path
+    if not (data / "manifest.json").is_file():
+        raise UserInputError(
+            f"`dataset.path`: {data} is not a dataset folder (no manifest.json); create it with "
+            f"`genrec data synth --out {data}` or `genrec data import ...`"
+        )
+    try:
+        sizes = json.loads((data / "manifest.json").read_text())["codebook_sizes"]
+    except (ValueError, KeyError) as e:
+        raise UserInputError(
+            f"`dataset.path`: {data}/manifest.json is unreadable ({e}); rebuild it"
+        ) from None
+    if cfg.model.checkpoint is None:
+        return  # trained by the sweep from this dataset
+    ckpt = cfg.model.checkpoint
+    if not ((ckpt / "config.json").is_file() and (ckpt / "model.safetensors").is_file()):
+        raise UserInputError(
+            f"`model.checkpoint`: {ckpt} holds no checkpoint (config.json + model.safetensors); create it "
+            f"with `genrec train --data {data} --model tiny --out {ckpt}`, or use `model: {{train: ...}}`"
+        )
+    try:
+        ckpt_sizes = json.loads((ckpt / "config.json").read_text())["codec"]["codebook_sizes"]
+    except (ValueError, KeyError) as e:
+        raise UserInputError(f"`model.checkpoint`: {ckpt}/config.json is unreadable ({e})") from None
+    if list(ckpt_sizes) != list(sizes):
+        raise UserInputError(
+            f"`model.checkpoint`: {ckpt} was trained for codebook sizes {ckpt_sizes}, but the dataset "
+            f"{data} has {sizes}; use the dataset the model was trained on"
+        )
