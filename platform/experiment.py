@@ -73,6 +73,19 @@ class TrainSpec(_Strict):
     seed: int = 0
     threads: int = 0
 
+    def to_train_config(self):  # -> genrec.workloads.training.trainer.TrainConfig (imported lazily)
+        from genrec.workloads.training.trainer import TrainConfig
+
+        return TrainConfig(
+            model_size=self.size,
+            epochs=self.epochs,
+            batch_size=self.batch_size,
+            lr=self.lr,
+            max_items=self.max_items,
+            seed=self.seed,
+            threads=self.threads,
+        )
+
 
 class ModelSpec(_Strict):
     checkpoint: Path | None = None
@@ -421,19 +434,8 @@ def _check_numbers(cfg: ExperimentConfig) -> None:
     if len(set(cfg.seeds)) != len(cfg.seeds):
         raise UserInputError(f"`seeds`: duplicates in {cfg.seeds}")
     if cfg.model.train is not None:
-        from genrec.workloads.training.trainer import TrainConfig
-
-        t = cfg.model.train
         try:
-            TrainConfig(
-                model_size=t.size,
-                epochs=t.epochs,
-                batch_size=t.batch_size,
-                lr=t.lr,
-                max_items=t.max_items,
-                seed=t.seed,
-                threads=t.threads,
-            ).validate()
+            cfg.model.train.to_train_config().validate()
         except UserInputError as e:
             raise UserInputError(f"`model.train`: {e}") from None
 

@@ -308,24 +308,11 @@ def ensure_model(cfg: ExperimentConfig, progress: bool) -> None:
     t = cfg.model.train
     if t is None or ((t.out / "config.json").is_file() and (t.out / "model.safetensors").is_file()):
         return
-    from genrec.workloads.training.trainer import TrainConfig, train
+    from genrec.workloads.training.trainer import train
 
     if progress:
         print(f"training {t.size} on {cfg.dataset.path} -> {t.out}", flush=True)
-    train(
-        cfg.dataset.path,
-        t.out,
-        TrainConfig(
-            model_size=t.size,
-            epochs=t.epochs,
-            batch_size=t.batch_size,
-            lr=t.lr,
-            max_items=t.max_items,
-            seed=t.seed,
-            threads=t.threads,
-        ),
-        progress=progress,
-    )
+    train(cfg.dataset.path, t.out, t.to_train_config(), progress=progress)
 
 
 def plan_storage(cfg: ExperimentConfig, resume: bool, overwrite: bool) -> bool:
