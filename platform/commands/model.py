@@ -50,6 +50,19 @@ def train_command(
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
     threads: Annotated[int, typer.Option(help="CPU threads for torch (0 = torch default).")] = 0,
     max_steps: Annotated[int, typer.Option(help="Stop after this many steps (0 = no limit).")] = 0,
+    objective: Annotated[
+        str,
+        typer.Option(
+            help="next_item (beam search), nezha (NEZHA draft head) or mtp (multi-token heads); "
+            "decode nezha/mtp models with --decoder nezha / mtp."
+        ),
+    ] = "next_item",
+    head_variant: Annotated[
+        str,
+        typer.Option(
+            help="NEZHA ablation: full, no_context (NEZHA-1), no_placeholder (NEZHA-2), add (NEZHA-3)."
+        ),
+    ] = "full",
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
 ) -> None:
     """Train the GR transformer on a dataset's train split (validation loss picks the best epoch)."""
@@ -67,6 +80,8 @@ def train_command(
         device=device,
         threads=threads,
         max_steps=max_steps,
+        objective=objective,
+        head_variant=head_variant,
     )
     result = train(data, out, cfg, progress=not quiet)
     typer.echo(

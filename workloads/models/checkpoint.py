@@ -2,7 +2,9 @@
 
 config.json holds the model config, the SID codec, the prompt window and whatever the trainer
 adds (dataset path, training config, best validation loss), so a checkpoint folder is all
-`genrec eval` needs besides the dataset it names.
+`genrec eval` needs besides the dataset it names. A model with a draft head (NEZHA, MTP; see
+nezha_head.py) also stores the head's config under "head" and its tensors in model.safetensors
+under the `draft_head.` prefix.
 """
 
 from __future__ import annotations
@@ -18,6 +20,14 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from genrec.workloads.errors import UserInputError
+from genrec.workloads.models.nezha_head import (
+    HeadConfig,
+    attach_head,
+    build_head,
+    get_head,
+    head_state_dict,
+    split_head_tensors,
+)
 from genrec.workloads.models.transformer import GRTransformer, ModelConfig
 from genrec.workloads.sid_codec import SIDCodec
 
@@ -42,6 +52,9 @@ def save_checkpoint(out: str | os.PathLike, ckpt: Checkpoint) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         state = {k: v.detach().contiguous().cpu() for k, v in ckpt.model.state_dict().items()}
+        head = get_head(ckpt.model)
+        if head is not None:  # a draft head (NEZHA, MTP): its tensors under a prefix, same file
+            state.update(head_state_dict(head))
         save_file(state, tmp / "model.safetensors")
         config = {
             "format_version": FORMAT_VERSION,
@@ -50,6 +63,8 @@ def save_checkpoint(out: str | os.PathLike, ckpt: Checkpoint) -> Path:
             "max_items": ckpt.max_items,
             **ckpt.meta,
         }
+        if head is not None:
+            config["head"] = head.config.to_dict()
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True, default=str) + "\n")
         replace_dir(tmp, out)
     except BaseException:
@@ -78,7 +93,15 @@ def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu")
     codec = SIDCodec.from_dict(config.pop("codec"))
     max_items = int(config.pop("max_items"))
     config.pop("format_version")
+    head_cfg = config.pop("head", None)
     model = GRTransformer(model_cfg)
-    model.load_state_dict(load_file(weights, device="cpu"))
+    state, head_state = split_head_tensors(load_file(weights, device="cpu"))
+    model.load_state_dict(state)
     model.to(device).eval()
+    if head_cfg is not None:
+        head = build_head(HeadConfig.from_dict(head_cfg))
+        head.load_state_dict(head_state)
+        attach_head(model, head.to(device).eval())
+    elif head_state:
+        raise UserInputError(f"{cfg_path}: the weights hold draft-head tensors but the config has no head")
     return Checkpoint(model, codec, max_items, config, path)

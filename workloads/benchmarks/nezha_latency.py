@@ -1,0 +1,189 @@
+"""NEZHA vs beam search (and MTP) latency, side by side in one process on the same batches.
+
+    python -m genrec.workloads.benchmarks.nezha_latency --beam-model runs/models/tiny \\
+        --nezha-model runs/models/tiny-nezha [--mtp-model runs/models/tiny-mtp] [--data DIR] \\
+        --beam-width 10 --users 256 --batch-size 32 --repeats 5 --warmup 2 --threads 1 \\
+        [--out runs/bench/nezha_latency.json]
+
+The models should share a backbone size (checked). Every decoder runs on the SAME batches of the
+first `--users` test users, interleaved batch by batch with the order rotated per repeat, so drift
+affects all alike. Per decoder: end-to-end per-batch latency (median, p99), the phase split from
+DecodeResult (prefill, draft, verify, decode), and quality on the measured users. Decoders:
+beam (next-item model), nezha (verify=final), nezha-4 (verify=none), nezha-every (verify=every),
+mtp (if given). Also: the verification's share of NEZHA's latency, the share of users whose list
+holds K valid items, and a micro-benchmark of the device verification (sorted keys + searchsorted)
+against the Python-set reference on the same K x K candidate codes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import time
+
+import numpy as np
+import torch
+
+from genrec.workloads.decoding import mtp as _mtp  # noqa: F401  (registers nezha and mtp)
+from genrec.workloads.decoding.base import get_decoder, make_params
+from genrec.workloads.decoding.nezha import PythonSetVerifier, prefix_sets
+from genrec.workloads.errors import UserInputError
+from genrec.workloads.evaluation import load_context
+from genrec.workloads.io import atomic_write_text
+from genrec.workloads.metrics import ranking_metrics
+from genrec.workloads.results import current_environment
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m genrec.workloads.benchmarks.nezha_latency", description=__doc__.split("\n")[0]
+    )
+    p.add_argument("--beam-model", required=True, help="next-item checkpoint (beam search)")
+    p.add_argument("--nezha-model", required=True, help="checkpoint trained with --objective nezha")
+    p.add_argument("--mtp-model", default=None, help="checkpoint trained with --objective mtp")
+    p.add_argument("--data", default=None, help="dataset folder (default: the one the beam model names)")
+    p.add_argument("--beam-width", type=int, default=10)
+    p.add_argument("--users", type=int, default=256, help="first N test users")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--repeats", type=int, default=5, help="timed passes over all batches")
+    p.add_argument("--warmup", type=int, default=2, help="untimed batches per decoder")
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (0 = leave as is)")
+    p.add_argument("--out", default=None, help="write the summary as JSON here")
+    return p.parse_args(argv)
+
+
+def verification_microbench(ctx, k: int, users: int, repeats: int = 20) -> dict:
+    """Median ms to verify users x K x K random candidate SIDs: device keys vs a Python set."""
+    codec, rng = ctx.codec, np.random.default_rng(0)
+    n = users * k * k
+    codes = np.stack([rng.integers(0, t, size=n) for t in codec.codebook_sizes], axis=1)
+    codes[: n // 2] = ctx.item_codes[rng.integers(0, len(ctx.item_codes), size=n // 2)]
+    codes_t = torch.as_tensor(codes, device=ctx.device)
+    sets, pyset = prefix_sets(ctx.index), PythonSetVerifier(codec, ctx.item_codes)
+    last = codec.levels - 1
+
+    def device_check():
+        return sets.contains(last, codec.codes_to_keys(codes_t))
+
+    def python_check():
+        return [pyset.contains(tuple(c)) for c in codes_t.tolist()]
+
+    assert device_check().tolist() == python_check()
+    out = {}
+    for name, fn in (("device_ms", device_check), ("python_set_ms", python_check)):
+        samples = []
+        for _ in range(repeats):
+            t0 = time.perf_counter_ns()
+            fn()
+            samples.append((time.perf_counter_ns() - t0) / 1e6)
+        out[name] = float(np.median(samples))
+    out["candidates"] = n
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    beam_ctx, ds, beam_ckpt = load_context(args.beam_model, args.data, "cpu")
+    nezha_ctx, _, nezha_ckpt = load_context(args.nezha_model, str(ds.root), "cpu")
+    runs = [
+        ("beam", beam_ctx, "beam", {}),
+        ("nezha", nezha_ctx, "nezha", {"verify": "final"}),
+        ("nezha-4", nezha_ctx, "nezha", {"verify": "none"}),
+        ("nezha-every", nezha_ctx, "nezha", {"verify": "every"}),
+    ]
+    sizes = {"beam": beam_ckpt.meta.get("model_size"), "nezha": nezha_ckpt.meta.get("model_size")}
+    if args.mtp_model:
+        mtp_ctx, _, mtp_ckpt = load_context(args.mtp_model, str(ds.root), "cpu")
+        runs.append(("mtp", mtp_ctx, "mtp", {}))
+        sizes["mtp"] = mtp_ckpt.meta.get("model_size")
+    if len(set(sizes.values())) != 1:
+        raise UserInputError(f"models differ in backbone size {sizes}; compare the same size")
+    examples = ds.eval_examples("test")[: args.users]
+    batches = [examples[i : i + args.batch_size] for i in range(0, len(examples), args.batch_size)]
+    k = min(10, args.beam_width)
+    decoders = {}
+    for label, ctx, name, extra in runs:
+        dec = get_decoder(name)
+        params = make_params(dec, {"beam_width": args.beam_width, "k": k, **extra})
+        for batch in batches[: args.warmup]:
+            dec.decode(ctx, [ex.history for ex in batch], params)
+        decoders[label] = (ctx, dec, params)
+
+    lat = {label: [] for label in decoders}
+    phases = {label: {} for label in decoders}
+    ranked = {label: [None] * len(batches) for label in decoders}
+    full_lists = {label: 0 for label in decoders}
+    counters = {label: {} for label in decoders}
+    order = list(decoders)
+    for rep in range(args.repeats):
+        rot = order[rep % len(order) :] + order[: rep % len(order)]
+        for bi, batch in enumerate(batches):
+            hist = [ex.history for ex in batch]
+            for label in rot:
+                ctx, dec, params = decoders[label]
+                t0 = time.perf_counter_ns()
+                res = dec.decode(ctx, hist, params)
+                lat[label].append((time.perf_counter_ns() - t0) / 1e6)
+                for ph, v in res.timings_ms.items():
+                    phases[label][ph] = phases[label].get(ph, 0.0) + v
+                if rep == 0:
+                    ranked[label][bi] = res.item_ids.tolist()
+                    full_lists[label] += int(res.valid.all(dim=1).sum())
+                    for c, v in res.counters.items():
+                        counters[label][c] = counters[label].get(c, 0) + v
+    n_calls = args.repeats * len(batches)
+    targets = [ex.targets for ex in examples]
+    summary: dict = {"decoders": {}}
+    for label in decoders:
+        flat = [r for part in ranked[label] for r in part]
+        a = np.asarray(lat[label])
+        c = counters[label]
+        summary["decoders"][label] = {
+            "median_ms": float(np.median(a)),
+            "p99_ms": float(np.percentile(a, 99)),
+            "phases_ms": {ph: v / n_calls for ph, v in phases[label].items()},
+            "quality": ranking_metrics(flat, targets, (5, 10)),
+            "users_with_k_valid": full_lists[label] / len(examples),
+            "drafts_valid_share": c["drafts_valid"] / c["candidates"] if "candidates" in c else None,
+            "returned_valid_share": c["returned_valid"] / c["candidates"] if "candidates" in c else None,
+        }
+    d = summary["decoders"]
+    summary["speedup_beam_over_nezha"] = d["beam"]["median_ms"] / d["nezha"]["median_ms"]
+    summary["verify_share_of_nezha"] = d["nezha"]["phases_ms"].get("verify", 0.0) / d["nezha"]["median_ms"]
+    summary["verification_microbench"] = verification_microbench(nezha_ctx, k, args.batch_size)
+    summary["setup"] = {
+        "command": "python -m genrec.workloads.benchmarks.nezha_latency " + shlex.join(argv or sys.argv[1:]),
+        "dataset": ds.manifest.name,
+        "model_size": sizes["beam"],
+        "users": len(examples),
+        "batch_size": args.batch_size,
+        "beam_width": args.beam_width,
+        "k": k,
+        "repeats": args.repeats,
+        "env": vars(current_environment(beam_ctx.device)),
+    }
+    print(f"{'decoder':12s} {'median ms':>10s} {'p99 ms':>8s} {'prefill':>8s} {'draft':>7s} {'verify':>7s}"
+          f" {'decode':>7s} {'hr@10':>6s} {'ndcg@10':>7s} {'K valid':>7s}")  # fmt: skip
+    for label, r in d.items():
+        ph = r["phases_ms"]
+        print(
+            f"{label:12s} {r['median_ms']:10.2f} {r['p99_ms']:8.2f} {ph.get('prefill', 0):8.2f} "
+            f"{ph.get('draft', 0):7.2f} {ph.get('verify', 0):7.2f} {ph.get('decode', 0):7.2f} "
+            f"{r['quality']['hr@10']:6.3f} {r['quality']['ndcg@10']:7.3f} {r['users_with_k_valid']:7.3f}"
+        )
+    print(
+        f"beam / nezha median latency: {summary['speedup_beam_over_nezha']:.2f}x; "
+        f"verification {100 * summary['verify_share_of_nezha']:.1f}% of nezha's latency; "
+        f"verify micro-bench {summary['verification_microbench']}"
+    )
+    if args.out:
+        atomic_write_text(args.out, json.dumps(summary, indent=2, default=str) + "\n")
+    return summary
+
+
+if __name__ == "__main__":
+    main()
