@@ -1,0 +1,1 @@
+"""Constrained decoding (STATIC): constraint sets, the CSR transition matrix, mask backends."""
