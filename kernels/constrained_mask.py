@@ -27,6 +27,21 @@ __all__ = ["vntk_apply_torch", "vntk_apply_triton", "vntk_torch", "vntk_triton"]
 
 
 @triton.jit
+def _gather_edges(states_ptr, row_ptr_ptr, edges_ptr, branch, BLOCK_B: tl.constexpr):
+    """One block of a row's outgoing edges: (row, slots, slot < branch, slot < count, tokens, next states)."""
+    r = tl.program_id(0).to(tl.int64)
+    s = tl.load(states_ptr + r).to(tl.int64)
+    start = tl.load(row_ptr_ptr + s).to(tl.int64)
+    count = tl.load(row_ptr_ptr + s + 1).to(tl.int64) - start
+    slot = tl.program_id(1).to(tl.int64) * BLOCK_B + tl.arange(0, BLOCK_B)
+    valid = slot < count
+    edge = (start + slot) * 2
+    tok = tl.load(edges_ptr + edge, mask=valid, other=-1)
+    nxt = tl.load(edges_ptr + edge + 1, mask=valid, other=0)
+    return r, slot, slot < branch, valid, tok, nxt
+
+
+@triton.jit
 def _vntk_kernel(
     states_ptr,
     row_ptr_ptr,
@@ -38,16 +53,7 @@ def _vntk_kernel(
     vocab,
     BLOCK_B: tl.constexpr,
 ):
-    r = tl.program_id(0).to(tl.int64)
-    s = tl.load(states_ptr + r).to(tl.int64)
-    start = tl.load(row_ptr_ptr + s).to(tl.int64)
-    count = tl.load(row_ptr_ptr + s + 1).to(tl.int64) - start
-    slot = tl.program_id(1).to(tl.int64) * BLOCK_B + tl.arange(0, BLOCK_B)
-    in_slice = slot < branch
-    valid = slot < count
-    edge = (start + slot) * 2
-    tok = tl.load(edges_ptr + edge, mask=valid, other=-1)
-    nxt = tl.load(edges_ptr + edge + 1, mask=valid, other=0)
+    r, slot, in_slice, valid, tok, nxt = _gather_edges(states_ptr, row_ptr_ptr, edges_ptr, branch, BLOCK_B)
     tl.store(mask_ptr + r * vocab + tok, tl.full([BLOCK_B], 1, tl.int8), mask=valid)
     tl.store(tok_ptr + r * branch + slot, tok, mask=in_slice)
     tl.store(nxt_ptr + r * branch + slot, nxt, mask=in_slice)
@@ -67,16 +73,7 @@ def _vntk_apply_kernel(
     lp_row_stride,
     BLOCK_B: tl.constexpr,
 ):
-    r = tl.program_id(0).to(tl.int64)
-    s = tl.load(states_ptr + r).to(tl.int64)
-    start = tl.load(row_ptr_ptr + s).to(tl.int64)
-    count = tl.load(row_ptr_ptr + s + 1).to(tl.int64) - start
-    slot = tl.program_id(1).to(tl.int64) * BLOCK_B + tl.arange(0, BLOCK_B)
-    in_slice = slot < branch
-    valid = slot < count
-    edge = (start + slot) * 2
-    tok = tl.load(edges_ptr + edge, mask=valid, other=-1)
-    nxt = tl.load(edges_ptr + edge + 1, mask=valid, other=0)
+    r, slot, in_slice, valid, tok, nxt = _gather_edges(states_ptr, row_ptr_ptr, edges_ptr, branch, BLOCK_B)
     val = tl.load(lp_ptr + r * lp_row_stride + tok, mask=valid, other=0.0)
     tl.store(out_ptr + r * vocab + tok, val, mask=valid)
     tl.store(tok_ptr + r * branch + slot, tok, mask=in_slice)
