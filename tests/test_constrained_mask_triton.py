@@ -61,8 +61,8 @@ def test_triton_vntk_equals_torch(sizes, n, d):
 def test_triton_vntk_branch_wider_than_one_block():
     # one root with 2000 children: B_0 = 2000 > the kernel's 1024-lane block, so two blocks per row
     cs = ConstraintSet.from_codes("wide", (4096, 2), [(i, i % 2) for i in range(0, 4000, 2)])
-    tm = build_transition_matrix(cs, 0)
-    states = torch.tensor([1, 0, 1], dtype=torch.int32)
+    tm = build_transition_matrix(cs, 0).to(DEVICE)
+    states = torch.tensor([1, 0, 1], dtype=torch.int32, device=DEVICE)
     args = (states, tm.row_ptr, tm.edges, tm.max_branch[0], 4096)
     for a, b in zip(vntk_torch(*args), vntk_triton(*args)):
         assert torch.equal(a, b)
@@ -70,21 +70,22 @@ def test_triton_vntk_branch_wider_than_one_block():
 
 def test_static_mask_with_triton_kernel_walks_the_same_trie():
     cs = uniform_random((6, 6, 6), 50, seed=3)
-    tm = build_transition_matrix(cs, 1)
+    tm = build_transition_matrix(cs, 1).to(DEVICE)
     ref, tri = StaticMask(tm, "torch"), StaticMask(tm, "triton")
-    state = torch.tensor([0, 0], dtype=torch.int64)
+    state = torch.tensor([0, 0], dtype=torch.int64, device=DEVICE)
+    parents = torch.tensor([0, 1], device=DEVICE)
     m1, a1 = ref.mask(0, state)
     m2, a2 = tri.mask(0, state)
     assert torch.equal(m1, m2)
     tok = torch.nonzero(m1[0])[:2, 0]
-    s1 = ref.advance(0, state, a1, torch.tensor([0, 1]), tok)
-    s2 = tri.advance(0, state, a2, torch.tensor([0, 1]), tok)
+    s1 = ref.advance(0, state, a1, parents, tok)
+    s2 = tri.advance(0, state, a2, parents, tok)
     for level in (1, 2):
         m1, a1 = ref.mask(level, s1)
         m2, a2 = tri.mask(level, s2)
         assert torch.equal(m1, m2)
         if level == 1:
             tok = m1.float().argmax(1)
-            s1 = ref.advance(level, s1, a1, torch.tensor([0, 1]), tok)
-            s2 = tri.advance(level, s2, a2, torch.tensor([0, 1]), tok)
+            s1 = ref.advance(level, s1, a1, parents, tok)
+            s2 = tri.advance(level, s2, a2, parents, tok)
             assert torch.equal(s1, s2)
