@@ -24,6 +24,7 @@ import torch
 from genrec.workloads.decoding.base import get_decoder, make_params
 from genrec.workloads.decoding.static import StaticDecoder  # noqa: F401  (registers `static`)
 from genrec.workloads.evaluation import load_context
+from genrec.workloads.io import atomic_write_text
 from genrec.workloads.metrics import ranking_metrics
 
 
@@ -97,10 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(json.dumps(out, indent=2))
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = args.out.with_suffix(args.out.suffix + ".tmp")
-        tmp.write_text(json.dumps(out, indent=2) + "\n")
-        tmp.replace(args.out)
+        atomic_write_text(args.out, json.dumps(out, indent=2) + "\n")
     return 0
 
 

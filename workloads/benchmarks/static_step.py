@@ -37,6 +37,7 @@ from genrec.workloads.constraints.live import LiveStaticMask
 from genrec.workloads.constraints.sets import uniform_random
 from genrec.workloads.constraints.transition import build_transition_matrix
 from genrec.workloads.constraints.vntk import StaticMask, apply_constraint
+from genrec.workloads.io import atomic_write_text
 
 ALL_BACKENDS = (
     "unconstrained",
@@ -292,10 +293,7 @@ def main(argv: list[str] | None = None) -> int:
         args.backends = ["unconstrained", *args.backends]
     result = run(args)
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = args.out.with_suffix(args.out.suffix + ".tmp")
-        tmp.write_text(json.dumps(result, indent=2) + "\n")
-        tmp.replace(args.out)
+        atomic_write_text(args.out, json.dumps(result, indent=2) + "\n")
     return 0
 
 

@@ -73,6 +73,16 @@ def save_checkpoint(out: str | os.PathLike, ckpt: Checkpoint) -> Path:
     return out
 
 
+def update_checkpoint_meta(path: str | os.PathLike, updates: dict) -> Path:
+    """Merge `updates` into a checkpoint's config.json (atomically); the weights are left alone."""
+    from genrec.workloads.io import atomic_write_text
+
+    cfg_path = Path(path) / "config.json"
+    config = json.loads(cfg_path.read_text())
+    config.update(updates)
+    return atomic_write_text(cfg_path, json.dumps(config, indent=2, sort_keys=True, default=str) + "\n")
+
+
 def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu") -> Checkpoint:
     path = Path(path)
     cfg_path, weights = path / "config.json", path / "model.safetensors"

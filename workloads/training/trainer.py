@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 
 from genrec.workloads.data.dataset import Dataset, load_dataset
 from genrec.workloads.errors import UserInputError
-from genrec.workloads.models.checkpoint import Checkpoint, save_checkpoint
+from genrec.workloads.models.checkpoint import Checkpoint, save_checkpoint, update_checkpoint_meta
 from genrec.workloads.models.inputs import (
     IGNORE,
     build_training_batch,
@@ -283,9 +283,7 @@ def train(
     bar.close()
     seconds = time.perf_counter() - t0
     # record the full history and wall time in the kept (best) checkpoint's config
-    from genrec.workloads.models.checkpoint import load_checkpoint
-
-    kept = load_checkpoint(out_dir)
-    kept.meta.update(history=history, train_seconds=seconds, epochs_run=epoch, steps=step)
-    save_checkpoint(out_dir, kept)
+    update_checkpoint_meta(
+        out_dir, dict(history=history, train_seconds=seconds, epochs_run=epoch, steps=step)
+    )
     return TrainResult(Path(out_dir), best[0], best[1], epoch, step, seconds, history)
