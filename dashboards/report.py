@@ -628,6 +628,16 @@ def build_report(
             f"no results for {what} in {results_dir.resolve()}; run `genrec sweep experiments/<name>.yaml` "
             f"(or `genrec eval ...`) first, or pick one of the known experiments: {known}"
         )
+    if "benchmark" in df.columns:  # MaRI benchmark rows (issue 7): heatmaps / chunk lines / mode bars
+        from genrec.dashboards.mari import build_mari_report, is_mari_frame
+
+        if is_mari_frame(df):
+            out = Path(out_html) if out_html is not None else default_out_path(results_dir, experiment)
+            return build_mari_report(df, out, title or f"genrec report: {experiment or 'MaRI benchmarks'}")
+    if "kind" in df.columns and df["kind"].eq("loadtest").all():  # `genrec loadtest` rows: serving page
+        from genrec.dashboards.serving import build_serving_report
+
+        return build_serving_report(results_dir, experiment, out_html, title=title)
     if latency not in LATENCY_CHOICES:
         raise UserInputError(f"--latency {latency!r}: use one of {', '.join(LATENCY_CHOICES)}")
     out = Path(out_html) if out_html is not None else default_out_path(results_dir, experiment)

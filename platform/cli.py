@@ -7,8 +7,10 @@ import sys
 import typer
 
 from genrec.platform.commands import data as data_commands
+from genrec.platform.commands import loadtest as loadtest_commands
 from genrec.platform.commands import model as model_commands
 from genrec.platform.commands import report as report_commands
+from genrec.platform.commands import serve as serve_commands
 from genrec.platform.commands import sweep as sweep_commands
 from genrec.platform.commands import tokenize as tokenize_commands
 from genrec.workloads.errors import UserInputError
@@ -25,10 +27,12 @@ tokenize_commands.register(app)
 model_commands.register(app)
 report_commands.register(app)
 sweep_commands.register(app)
+serve_commands.register(app)
+loadtest_commands.register(app)
 
 
 # Options that take several values after one flag (`--k 5 10`); click wants `--k 5 --k 10`.
-MULTI_VALUE_OPTIONS = ("--k",)
+MULTI_VALUE_OPTIONS = ("--k", "--sweep-rates")
 
 
 def expand_multi_value_options(argv: list[str]) -> list[str]:

@@ -168,9 +168,12 @@ class RaySpec(_Strict):
 class ExperimentConfig(_Strict):
     name: str
     description: str = ""
-    dataset: DatasetSpec
-    model: ModelSpec
-    decoder: str
+    # a model-free benchmark (genrec.workloads.benchmarks.registry) instead of dataset + model + decoder;
+    # params and search_space are then the benchmark function's keyword arguments
+    benchmark: str | None = None
+    dataset: DatasetSpec | None = None
+    model: ModelSpec | None = None
+    decoder: str | None = None
     params: dict[str, Any] = Field(default_factory=dict)
     search_space: dict[str, SpaceSpec] = Field(default_factory=dict)
     seeds: list[int] = Field(default_factory=lambda: [0])
@@ -184,6 +187,27 @@ class ExperimentConfig(_Strict):
     tracking: TrackingSpec = Field(default_factory=TrackingSpec)
     ray: RaySpec = Field(default_factory=RaySpec)
     _source: Path | None = PrivateAttr(default=None)  # the YAML file, set by the loader
+
+    @model_validator(mode="after")
+    def _benchmark_or_decoder(self) -> ExperimentConfig:
+        if self.benchmark is None:
+            missing = [k for k in ("dataset", "model", "decoder") if getattr(self, k) is None]
+            if missing:
+                raise ValueError(
+                    "; ".join(f"missing required key `{k}`" for k in missing)
+                    + " (or give `benchmark: NAME` for a model-free benchmark experiment)"
+                )
+            return self
+        given = [k for k in ("dataset", "model", "decoder") if getattr(self, k) is not None]
+        if given:
+            raise ValueError(
+                f"`benchmark: {self.benchmark}` runs without a dataset, model or decoder; remove {given}"
+            )
+        # the sweep driver reads cfg.decoder (labels) and cfg.model.train (nothing to train): give them
+        # a label and an empty model spec rather than None
+        self.decoder = f"benchmark:{self.benchmark}"
+        self.model = ModelSpec.model_construct(checkpoint=None, train=None)
+        return self
 
     # ---- derived -----------------------------------------------------------------------------
     @property
@@ -215,6 +239,10 @@ class ExperimentConfig(_Strict):
         return tuple(sorted(set(self.eval.ks)))
 
     def valid_metrics(self) -> list[str]:
+        if self.benchmark is not None:
+            from genrec.workloads.benchmarks.registry import get_benchmark
+
+            return list(get_benchmark(self.benchmark).metrics)
         return [f"{m}@{k}" for k in self.ks for m in QUALITY_METRICS] + list(OTHER_METRICS)
 
     def grid_values(self) -> dict[str, list[Any]]:
@@ -245,6 +273,7 @@ class ExperimentConfig(_Strict):
     def fingerprint(self) -> str:
         """What a resumed sweep must not change: the search space, seeds, decoder and eval setup."""
         keys = ("name", "decoder", "params", "search_space", "seeds", "eval", "metric", "mode", "num_samples")
+        keys += ("benchmark",) if self.benchmark else ()  # decoder-sweep fingerprints stay as they were
         return json.dumps(self.model_dump(mode="json", include=set(keys)), sort_keys=True)
 
 
@@ -307,7 +336,8 @@ def resolve_paths(cfg: ExperimentConfig, base: Path) -> None:
         p = p.expanduser()
         return (p if p.is_absolute() else base / p).resolve()
 
-    cfg.dataset.path = absolute(cfg.dataset.path)
+    if cfg.dataset is not None:
+        cfg.dataset.path = absolute(cfg.dataset.path)
     if cfg.model.checkpoint is not None:
         cfg.model.checkpoint = absolute(cfg.model.checkpoint)
     if cfg.model.train is not None:
@@ -374,6 +404,9 @@ def validate_experiment(cfg: ExperimentConfig, check_files: bool = True) -> None
         check_experiment_name(cfg.name)
     except UserInputError as e:
         raise UserInputError(f"`name`: {e}") from None
+    if cfg.benchmark is not None:
+        validate_benchmark_experiment(cfg)
+        return
     if cfg.decoder not in decoder_names():
         raise UserInputError(f"`decoder`: unknown decoder {cfg.decoder!r}; choose one of {decoder_names()}")
     decoder = get_decoder(cfg.decoder)
@@ -407,6 +440,81 @@ def validate_experiment(cfg: ExperimentConfig, check_files: bool = True) -> None
         raise UserInputError(f"`metric`: {cfg.metric!r} is not produced; choose one of {cfg.valid_metrics()}")
     if check_files:
         check_inputs(cfg)
+
+
+def validate_benchmark_experiment(cfg: ExperimentConfig) -> None:
+    """A `benchmark:` experiment: known name, params/search_space named like the function's keyword
+    arguments, values of the defaults' types, every grid combination accepted by the benchmark's check,
+    and a metric the benchmark reports."""
+    from types import SimpleNamespace
+
+    from genrec.workloads.benchmarks.registry import FILLED_BY_TRIAL, benchmark_names, get_benchmark
+
+    if cfg.benchmark not in benchmark_names():
+        raise UserInputError(
+            f"`benchmark`: unknown benchmark {cfg.benchmark!r}; choose one of {benchmark_names()}"
+        )
+    bench = get_benchmark(cfg.benchmark)
+    _check_numbers(cfg)
+    sig = bench.parameters()
+    if any(p.kind is p.VAR_KEYWORD for p in sig.values()):
+        raise UserInputError(
+            f"benchmark {cfg.benchmark!r} takes **kwargs; register a function with named arguments"
+        )
+    fields_ = {
+        name: SimpleNamespace(name=name, default=MISSING if p.default is p.empty else p.default)
+        for name, p in sig.items()
+    }
+    for section, names in (("params", cfg.params), ("search_space", cfg.search_space)):
+        for name in names:
+            if name not in fields_:
+                raise UserInputError(
+                    f"`{section}.{name}`: benchmark {cfg.benchmark!r} has no parameter {name!r}; "
+                    f"valid: {sorted(fields_)}"
+                )
+            if name == "seed":
+                raise UserInputError(f"`{section}.seed`: seeds go in `seeds:` (each seed is one trial)")
+    both = sorted(set(cfg.params) & set(cfg.search_space))
+    if both:
+        raise UserInputError(f"`params.{both[0]}` is also in `search_space`; keep it in one place")
+    required = [
+        n
+        for n, f in fields_.items()
+        if f.default is MISSING
+        and n not in FILLED_BY_TRIAL
+        and n not in cfg.params
+        and n not in cfg.search_space
+    ]
+    if required:
+        raise UserInputError(
+            f"benchmark {cfg.benchmark!r} needs {required}: set them in `params` or `search_space`"
+        )
+    for name, value in cfg.params.items():
+        _check_type(f"params.{name}", fields_[name], value)
+    candidates: dict[str, list[tuple[str, Any]]] = {}
+    for name, spec in cfg.search_space.items():
+        _check_space(f"search_space.{name}", spec)
+        values = _candidate_values(f"search_space.{name}", spec)
+        for key, value in values:
+            _check_type(key, fields_[name], value)
+        candidates[name] = values
+    names = list(candidates)
+    if math.prod(len(v) for v in candidates.values()) > MAX_COMBINATIONS_CHECKED:
+        checks = [((name,), [kv]) for name in names for kv in candidates[name]]
+    else:
+        checks = [(tuple(names), list(c)) for c in itertools.product(*candidates.values())]
+    for group, picked in checks:
+        values = {**cfg.params, **{name: v for name, (_, v) in zip(group, picked)}}
+        try:
+            bench.check(values)
+        except (UserInputError, TypeError, ValueError) as e:
+            where = ", ".join(f"`{k}` = {v!r}" for k, v in picked) or "`params`"
+            raise UserInputError(f"{where}: {e}") from None
+    if cfg.metric not in cfg.valid_metrics():
+        raise UserInputError(
+            f"`metric`: {cfg.metric!r} is not reported by benchmark {cfg.benchmark!r}; "
+            f"choose one of {cfg.valid_metrics()}"
+        )
 
 
 def _check_numbers(cfg: ExperimentConfig) -> None:

@@ -54,6 +54,8 @@ import ray
 from ray import tune
 from ray.air.integrations.mlflow import MLflowLoggerCallback
 
+from genrec.platform.actors import cached_host
+from genrec.platform.benchmark_trial import run_benchmark_trial
 from genrec.platform.experiment import ExperimentConfig
 from genrec.platform.tracking import (
     MlflowStore,
@@ -120,19 +122,6 @@ class SweepSummary:
 
 
 # ---- the trial (runs in a Ray worker) -----------------------------------------------------------
-_CONTEXT_CACHE: dict[tuple, tuple] = {}
-
-
-def _load_context_cached(model: str, data: str, device: str) -> tuple:
-    key = (model, data, device)
-    if key not in _CONTEXT_CACHE:
-        from genrec.workloads.evaluation import load_context
-
-        _CONTEXT_CACHE.clear()  # one model per worker process
-        _CONTEXT_CACHE[key] = load_context(model, data, device)
-    return _CONTEXT_CACHE[key]
-
-
 def numeric_metrics(flat: dict) -> dict[str, float]:
     return {
         k: v
@@ -159,7 +148,8 @@ def run_trial(config: dict) -> None:
 
     threads = job["threads"] or max(1, int(job["cpu"]))
     torch.set_num_threads(threads)
-    ctx, ds, _ = _load_context_cached(job["model"], job["data"], job["device"])
+    host = cached_host(job["model"], job["data"], job["device"], threads)  # loaded once per worker
+    ctx, ds = host.context, host.ds
     load_s = time.perf_counter() - t0
     cfg = EvalConfig(
         decoder=job["decoder"],
@@ -267,8 +257,9 @@ def param_space(cfg: ExperimentConfig, cpu: float, device: str) -> dict:
     job = {
         "experiment": cfg.name,
         "results_dir": str(cfg.results_dir),
-        "model": str(cfg.model.path),
-        "data": str(cfg.dataset.path),
+        "benchmark": cfg.benchmark,  # set: a model-free benchmark experiment (run_benchmark_trial)
+        "model": str(cfg.model.path) if cfg.benchmark is None else "",
+        "data": str(cfg.dataset.path) if cfg.dataset is not None else "",
         "decoder": cfg.decoder,
         "params": dict(cfg.params),
         "split": cfg.eval.split,
@@ -395,7 +386,8 @@ def run_sweep(
         store.sync_from_parquet(cfg.results_dir)
         summary.mlflow_uri = cfg.mlflow_uri
     device = cfg.eval.device if cfg.eval.device != "auto" else ("cuda" if gpu else "cpu")
-    trainable = tune.with_resources(run_trial, {"cpu": cpu, "gpu": gpu})
+    trial_fn = run_trial if cfg.benchmark is None else run_benchmark_trial  # benchmark: no model or data
+    trainable = tune.with_resources(trial_fn, {"cpu": cpu, "gpu": gpu})
 
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "2")  # save Tune's experiment state often
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # with verbose=0: no Tune tables; we print rows

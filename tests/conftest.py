@@ -48,3 +48,13 @@ def run_cli(argv: list[str]) -> int:
     except SystemExit as e:
         return int(e.code or 0)
     return 0
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One local Ray instance (2 CPUs) for every test that needs Ray; trials and replicas use fractions."""
+    ray = pytest.importorskip("ray")
+    if not ray.is_initialized():
+        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="WARNING")
+    yield ray
+    ray.shutdown()

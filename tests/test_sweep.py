@@ -22,14 +22,6 @@ ray = pytest.importorskip("ray")
 mlflow = pytest.importorskip("mlflow")
 
 
-@pytest.fixture(scope="session")
-def ray_session():
-    if not ray.is_initialized():
-        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="WARNING")
-    yield ray
-    ray.shutdown()
-
-
 def experiment(tmp_path: Path, synth_dir, tiny_model_dir, name: str, widths: list[int], users: int) -> Path:
     raw = {
         "name": name,

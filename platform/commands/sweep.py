@@ -25,6 +25,7 @@ DEFAULT_COLUMNS = (
     "latency_p50_ms",
     "latency_p99_ms",
     "throughput_users_per_s",
+    "*speedup",  # benchmark experiments (e.g. MaRI's time and FLOPs speedups)
     "trial_wall_s",
 )
 
@@ -74,14 +75,13 @@ def sweep_command(
 
 def print_dry_run(cfg) -> None:
     trials = cfg.trial_grid()
-    model = (
-        f"checkpoint {cfg.model.checkpoint}" if cfg.model.checkpoint else f"train -> {cfg.model.train.out}"
-    )
-    typer.echo(
-        f"experiment {cfg.name}: decoder {cfg.decoder}, {len(trials)} trials, {cfg.metric} ({cfg.mode})"
-    )
-    typer.echo(f"dataset  {cfg.dataset.path}")
-    typer.echo(f"model    {model}")
+    what = f"benchmark {cfg.benchmark}" if cfg.benchmark else f"decoder {cfg.decoder}"
+    typer.echo(f"experiment {cfg.name}: {what}, {len(trials)} trials, {cfg.metric} ({cfg.mode})")
+    if cfg.benchmark is None:  # a model-free benchmark has neither
+        t = cfg.model.train
+        model = f"checkpoint {cfg.model.checkpoint}" if cfg.model.checkpoint else f"train -> {t.out}"
+        typer.echo(f"dataset  {cfg.dataset.path}")
+        typer.echo(f"model    {model}")
     typer.echo(f"fixed    {cfg.params or '{}'}; eval {cfg.eval.model_dump()}")
     typer.echo(
         f"per trial {cfg.resources.cpu} CPU / {cfg.resources.gpu} GPU; max_failures {cfg.max_failures}"
@@ -97,14 +97,16 @@ def print_dry_run(cfg) -> None:
         typer.echo(fmt.format(i, *(str(t[c]) for c in cols)))
 
 
-def select_columns(columns: list[str], wanted: list[str]) -> list[str]:
-    """Column names matching the patterns (fnmatch, e.g. 'param_*'), in the order asked."""
+def select_columns(columns: list[str], wanted: list[str], strict: bool = True) -> list[str]:
+    """Column names matching the patterns (fnmatch, e.g. 'param_*'), in the order asked. strict: a
+    plain name that matches nothing is an error (asked for by the user); else it is skipped (defaults
+    that a kind of row, e.g. a benchmark's, does not have)."""
     from fnmatch import fnmatchcase
 
     out: list[str] = []
     for pattern in wanted:
         hits = [c for c in columns if fnmatchcase(c, pattern)]
-        if not hits and not any(ch in pattern for ch in "*?["):
+        if strict and not hits and not any(ch in pattern for ch in "*?["):
             raise UserInputError(f"--columns: no column {pattern!r}; columns: {columns}")
         out += [c for c in hits if c not in out]
     return out
@@ -159,7 +161,7 @@ def runs_command(
         df = df.sort_values(key, ascending=not sort.startswith("-"), kind="stable")
     wanted = [c.strip() for c in columns.split(",")] if columns else list(DEFAULT_COLUMNS)
     if wanted != ["all"]:
-        df = df[select_columns(list(df.columns), wanted)]
+        df = df[select_columns(list(df.columns), wanted, strict=columns is not None)]
     if fmt == "csv":
         typer.echo(df.to_csv(index=False), nl=False)
     elif fmt == "json":

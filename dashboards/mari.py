@@ -1,0 +1,276 @@
+"""Report pages for MaRI benchmark rows (`benchmark` column = mari_matmul / mari_fragmented / mari_model).
+
+    mari_matmul      heatmaps of measured time speedup and theoretical FLOPs speedup over (B, D_user),
+                     one pair per (D_item, D_hidden); time speedup vs B lines; every point in a table
+    mari_fragmented  fragmented MaRI over neat MaRI and over the vanilla MatMul vs chunk size, with the
+                     paper's Table 3 figures as dotted lines
+    mari_model       VanI / UOI / MaRI latency bars per B and the speedups
+`genrec report` dispatches here from `build_report` when every row is a MaRI benchmark row.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pandas as pd
+
+from genrec.dashboards.report import CSS, PALETTE, _esc, _FigureWriter, html_table
+from genrec.workloads.io import atomic_write_text
+
+MARI_BENCHMARKS = ("mari_matmul", "mari_fragmented", "mari_model")
+# Table 3 of the paper: chunk -> (fragmented vs vanilla %, fragmented vs neat MaRI %)
+PAPER_TABLE3 = {50: (69.4, 96.3), 100: (27.2, 47.4), 200: (13.6, 31.7), 400: (3.1, 19.5), 800: (-0.7, 15.1)}
+
+
+def is_mari_frame(df: pd.DataFrame) -> bool:
+    return "benchmark" in df.columns and df["benchmark"].isin(MARI_BENCHMARKS).all()
+
+
+def _param(df: pd.DataFrame, name: str) -> pd.Series:
+    """The parameter's column: param_<name> when swept or fixed, else the metric the benchmark echoes."""
+    col = f"param_{name}" if f"param_{name}" in df.columns else name
+    return df[col]
+
+
+def _mean_by(df: pd.DataFrame, keys: list[str], values: list[str]) -> pd.DataFrame:
+    frame = pd.DataFrame({k: _param(df, k) for k in keys})
+    for v in values:
+        frame[v] = pd.to_numeric(df[v], errors="coerce")
+    return frame.groupby(keys, as_index=False).mean(numeric_only=True)
+
+
+def matmul_sections(df: pd.DataFrame, figure: _FigureWriter) -> list[tuple[str, str, str]]:
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    keys = ["b", "d_user", "d_item", "d_hidden", "d_cross"]
+    agg = _mean_by(df, keys, ["time_speedup", "flops_speedup", "time_vanilla_ms", "time_mari_ms"])
+    sections = []
+    body = (
+        '<p class="note">Cells: median vanilla time / median MaRI time (interleaved reps, same inputs), and '
+        "the theoretical FLOPs ratio of appendix B (eq. 8 / eq. 9). "
+        "One pair per (D_item, D_hidden, D_cross). Paper (GPU): time 0.97-1.61x, FLOPs 1.4-10.95x.</p>"
+    )
+    for (di, dh, dc), part in agg.groupby(["d_item", "d_hidden", "d_cross"]):
+        fig = make_subplots(1, 2, subplot_titles=("time speedup (measured)", "FLOPs speedup (theory)"))
+        for col, metric in ((1, "time_speedup"), (2, "flops_speedup")):
+            grid = part.pivot(index="d_user", columns="b", values=metric).sort_index()
+            fig.add_trace(
+                go.Heatmap(
+                    z=grid.values,
+                    x=[str(c) for c in grid.columns],
+                    y=[str(i) for i in grid.index],
+                    text=[[f"{v:.2f}x" for v in row] for row in grid.values],
+                    texttemplate="%{text}",
+                    colorscale="Viridis",
+                    showscale=False,
+                    hovertemplate="B=%{x}<br>D_user=%{y}<br>" + metric + "=%{z:.3f}<extra></extra>",
+                ),
+                1,
+                col,
+            )
+            fig.update_xaxes(title_text="B (candidates)", type="category", row=1, col=col)
+            fig.update_yaxes(title_text="D_user", type="category", row=1, col=col)
+        fig.update_layout(height=380, title=f"D_item={di}, D_hidden={dh}, D_cross={dc}", margin={"t": 70})
+        body += figure(fig)
+    sections.append(("mari-heatmaps", "MaRI vs vanilla MatMul: speedup heatmaps", body))
+
+    fig = go.Figure()
+    for i, ((du, di, dh, dc), part) in enumerate(agg.groupby(["d_user", "d_item", "d_hidden", "d_cross"])):
+        part = part.sort_values("b")
+        fig.add_trace(
+            go.Scatter(
+                x=part["b"],
+                y=part["time_speedup"],
+                mode="lines+markers",
+                name=f"Du={du} Di={di} d={dh} Dc={dc}",
+                line={"color": PALETTE[i % len(PALETTE)]},
+            )
+        )
+    fig.add_hline(y=1.0, line_dash="dot", line_color="#888")
+    fig.update_layout(
+        height=450,
+        xaxis_title="B (candidates)",
+        yaxis_title="time speedup (vanilla / MaRI)",
+        xaxis_type="log",
+    )
+    sections.append(("mari-lines", "Time speedup vs B", figure(fig)))
+    rows = [
+        [
+            r.b,
+            r.d_user,
+            r.d_item,
+            r.d_cross,
+            r.d_hidden,
+            f"{r.flops_speedup:.2f}",
+            f"{r.time_speedup:.2f}",
+            f"{r.time_vanilla_ms:.2f}",
+            f"{r.time_mari_ms:.2f}",
+        ]
+        for r in agg.sort_values(keys).itertuples()
+    ]
+    table = html_table(
+        ["B", "D_user", "D_item", "D_cross", "D_hidden", "FLOPs x", "time x", "vanilla ms", "MaRI ms"], rows
+    )
+    sections.append(
+        ("mari-table", "Every point", f"<details><summary>{len(rows)} points</summary>{table}</details>")
+    )
+    return sections
+
+
+def fragmented_sections(df: pd.DataFrame, figure: _FigureWriter) -> list[tuple[str, str, str]]:
+    import plotly.graph_objects as go
+
+    agg = _mean_by(
+        df,
+        ["chunk"],
+        [
+            "degradation_vs_neat_pct",
+            "degradation_vs_vanilla_pct",
+            "time_mari_neat_ms",
+            "time_mari_fragmented_ms",
+            "time_vanilla_ms",
+        ],
+    )
+    agg = agg.sort_values("chunk")
+    fig = go.Figure()
+    fig.add_trace(
+        go.Scatter(
+            x=agg["chunk"],
+            y=agg["degradation_vs_neat_pct"],
+            mode="lines+markers",
+            name="fragmented vs neat MaRI (measured)",
+            line={"color": PALETTE[0]},
+        )
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=agg["chunk"],
+            y=agg["degradation_vs_vanilla_pct"],
+            mode="lines+markers",
+            name="fragmented vs vanilla (measured)",
+            line={"color": PALETTE[1]},
+        )
+    )
+    chunks = sorted(PAPER_TABLE3)
+    fig.add_trace(
+        go.Scatter(
+            x=chunks,
+            y=[PAPER_TABLE3[c][1] for c in chunks],
+            mode="lines+markers",
+            name="vs neat MaRI (paper, GPU)",
+            line={"color": PALETTE[0], "dash": "dot"},
+        )
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=chunks,
+            y=[PAPER_TABLE3[c][0] for c in chunks],
+            mode="lines+markers",
+            name="vs vanilla (paper, GPU)",
+            line={"color": PALETTE[1], "dash": "dot"},
+        )
+    )
+    fig.add_hline(y=0.0, line_dash="dot", line_color="#888")
+    fig.update_layout(
+        height=450, xaxis_title="chunk size (columns)", yaxis_title="latency increase (%)", xaxis_type="log"
+    )
+    rows = [
+        [
+            int(r.chunk),
+            f"{r.time_vanilla_ms:.2f}",
+            f"{r.time_mari_neat_ms:.2f}",
+            f"{r.time_mari_fragmented_ms:.2f}",
+            f"{r.degradation_vs_neat_pct:+.1f}%",
+            f"{r.degradation_vs_vanilla_pct:+.1f}%",
+        ]
+        for r in agg.itertuples()
+    ]
+    table = html_table(
+        ["chunk", "vanilla ms", "neat MaRI ms", "fragmented MaRI ms", "vs neat", "vs vanilla"], rows
+    )
+    note = (
+        '<p class="note">Fragmented MaRI runs one MatMul per feature chunk; neat MaRI runs three after the '
+        "columns and weight rows are reorganised into [user | item | cross].</p>"
+    )
+    return [("mari-fragmented", "Fragmented vs neat layout", note + figure(fig) + table)]
+
+
+def model_sections(df: pd.DataFrame, figure: _FigureWriter) -> list[tuple[str, str, str]]:
+    import plotly.graph_objects as go
+
+    modes = [("vani", "VanI"), ("uoi", "UOI"), ("mari", "MaRI")]
+    agg = _mean_by(
+        df,
+        ["b"],
+        [f"time_{m}_ms" for m, _ in modes]
+        + ["speedup_uoi_vs_vani", "speedup_mari_vs_uoi", "speedup_mari_vs_vani", "max_abs_diff_mari"],
+    )
+    agg = agg.sort_values("b")
+    fig = go.Figure()
+    for i, (m, label) in enumerate(modes):
+        fig.add_trace(
+            go.Bar(x=[str(b) for b in agg["b"]], y=agg[f"time_{m}_ms"], name=label, marker_color=PALETTE[i])
+        )
+    fig.update_layout(
+        barmode="group", height=450, xaxis_title="B (candidates)", yaxis_title="latency (ms, median)"
+    )
+    rows = [
+        [
+            int(r.b),
+            f"{r.time_vani_ms:.2f}",
+            f"{r.time_uoi_ms:.2f}",
+            f"{r.time_mari_ms:.2f}",
+            f"{r.speedup_uoi_vs_vani:.2f}",
+            f"{r.speedup_mari_vs_uoi:.2f}",
+            f"{r.speedup_mari_vs_vani:.2f}",
+            f"{r.max_abs_diff_mari:.1e}",
+        ]
+        for r in agg.itertuples()
+    ]
+    table = html_table(
+        ["B", "VanI ms", "UOI ms", "MaRI ms", "UOI/VanI x", "MaRI/UOI x", "MaRI/VanI x", "max |MaRI - VanI|"],
+        rows,
+    )
+    return [("mari-model", "Whole model: VanI / UOI / MaRI", figure(fig) + table)]
+
+
+def build_mari_report(df: pd.DataFrame, out: str | os.PathLike, title: str) -> Path:
+    figure = _FigureWriter()
+    sections: list[tuple[str, str, str]] = []
+    builders = {
+        "mari_matmul": matmul_sections,
+        "mari_fragmented": fragmented_sections,
+        "mari_model": model_sections,
+    }
+    for name, build in builders.items():
+        part = df[df["benchmark"] == name]
+        if not part.empty:
+            sections += build(part, figure)
+    envs = df.drop_duplicates(["device", "threads", "torch_version", "git_commit"])
+    prov = html_table(
+        ["device", "threads", "torch", "git commit", "rows"],
+        [
+            [
+                r.device,
+                r.threads,
+                r.torch_version,
+                r.git_commit,
+                int((df["git_commit"] == r.git_commit).sum()),
+            ]
+            for r in envs.itertuples()
+        ],
+    )
+    sections.append(("provenance", "Provenance", prov))
+    nav = "".join(f'<a href="#{a}">{_esc(h)}</a>' for a, h, _ in sections)
+    body = "".join(f'<section id="{a}"><h2>{_esc(h)}</h2>{b}</section>' for a, h, b in sections)
+    subtitle = f"{len(df)} result rows; benchmarks: {', '.join(sorted(df['benchmark'].unique()))}"
+    page = (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{_esc(title)}</title><style>{CSS}</style></head><body><main>"
+        f'<h1>{_esc(title)}</h1><p class="sub">{_esc(subtitle)}</p><nav>{nav}</nav>{body}'
+        "</main></body></html>\n"
+    )
+    return atomic_write_text(out, page)

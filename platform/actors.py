@@ -1,0 +1,233 @@
+"""DecoderHost / DecoderActor: a checkpoint and its decoders loaded once, serving `decode(batch)`.
+
+`DecoderHost` is a plain class (testable without Ray): it loads the model and dataset once, pins
+torch threads, resolves each registered decoder's parameters once, warms every decoder up, and then
+decodes batches of histories, returning per-request items plus the batch's timings and counters
+(the same phase names and counters as a result row).
+
+Users of it:
+* `DecoderActor` (= `ray.remote(DecoderHost)`), started with `start_decoder_actor`, which asks for
+  a GPU when the cluster has one;
+* the Serve app (`genrec.platform.serve.app`): each replica owns one host;
+* sweep trials (`genrec.platform.sweep.run_trial`): `cached_host` keeps one host per worker process,
+  because Tune reuses worker processes between trials and loading a model per trial would dominate
+  short trials.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import numpy as np
+import torch
+
+from genrec.workloads.decoding.base import DecoderContext, decoder_names, get_decoder, make_params
+from genrec.workloads.errors import UserInputError
+
+
+@dataclass
+class HostConfig:
+    model: str  # checkpoint folder
+    data: str | None = None  # dataset folder; None: the one recorded in the checkpoint
+    device: str = "auto"  # auto: cuda when visible, else cpu
+    threads: int = 0  # torch intra-op threads; 0: leave torch's default
+    decoders: tuple[str, ...] = ("beam",)
+    defaults: dict[str, dict[str, Any]] = field(default_factory=dict)  # per-decoder parameter defaults
+    warmup_batches: int = 2
+    warmup_batch_size: int = 4
+
+    def validate(self) -> None:
+        known = decoder_names()
+        unknown = [d for d in self.decoders if d not in known]
+        if not self.decoders or unknown:
+            raise UserInputError(f"decoders {unknown or '[]'}: choose one or more of {known}")
+        extra = sorted(set(self.defaults) - set(self.decoders))
+        if extra:
+            raise UserInputError(
+                f"defaults given for decoders {extra} that are not served {list(self.decoders)}"
+            )
+
+
+@dataclass
+class BatchItems:
+    """One request's answer: the top-k items (best first)."""
+
+    item_ids: list[int]
+    sids: list[list[int]]
+    scores: list[float]
+    valid: list[bool]
+
+
+@dataclass
+class BatchOutput:
+    items: list[BatchItems]
+    decoder: str
+    params: dict[str, Any]
+    decode_ms: float  # wall time of the decoder call for the whole batch
+    timings_ms: dict[str, float]  # the decoder's phases for the batch
+    counters: dict[str, float]
+    batch_size: int
+
+
+class DecoderHost:
+    """Loads a checkpoint once and decodes batches with any of its configured decoders."""
+
+    def __init__(self, cfg: HostConfig) -> None:
+        from genrec.workloads.evaluation import load_context
+
+        cfg.validate()
+        self.cfg = cfg
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        t0 = time.perf_counter()
+        self.ctx, self.ds, self.ckpt = load_context(cfg.model, cfg.data, cfg.device)
+        self.decoders = {name: get_decoder(name) for name in cfg.decoders}
+        # resolve defaults once: bad defaults fail at start, not on the first request
+        self.defaults = {name: self._params(name, cfg.defaults.get(name, {})) for name in cfg.decoders}
+        self.load_s = time.perf_counter() - t0
+        self.warmup_s = self.warm_up()
+
+    # ---- description -----------------------------------------------------------------------------
+    @property
+    def context(self) -> DecoderContext:
+        return self.ctx
+
+    @property
+    def num_items(self) -> int:
+        return len(self.ctx.item_codes)
+
+    @property
+    def max_history(self) -> int:
+        return int(self.ctx.max_items)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "model": str(self.cfg.model),
+            "dataset": str(self.ds.root.resolve()),
+            "device": str(self.ctx.device),
+            "threads": torch.get_num_threads(),
+            "num_items": self.num_items,
+            "max_history": self.max_history,
+            "sid_levels": self.ctx.codec.levels,
+            "decoders": {name: vars(p).copy() for name, p in self.defaults.items()},
+            "load_s": self.load_s,
+            "warmup_s": self.warmup_s,
+        }
+
+    def parameter_names(self, decoder: str) -> list[str]:
+        return [f.name for f in fields(self.decoders[decoder].Params)]
+
+    # ---- decoding --------------------------------------------------------------------------------
+    def _params(self, decoder: str, overrides: dict[str, Any]) -> Any:
+        base = vars(self.defaults[decoder]).copy() if hasattr(self, "defaults") else {}
+        values = {**base, **overrides}
+        names = set(self.parameter_names(decoder))
+        # a bigger k than the default beam would fail validation; widen the beam with it
+        if "k" in overrides and "beam_width" in names and "beam_width" not in overrides:
+            values["beam_width"] = max(values.get("beam_width", 1), overrides["k"])
+        # and a narrower beam without a k returns as many items as it keeps
+        if "beam_width" in overrides and "k" in names and "k" not in overrides:
+            values["k"] = min(values.get("k", overrides["beam_width"]), overrides["beam_width"])
+        return make_params(self.decoders[decoder], values)
+
+    def resolve(self, decoder: str | None, overrides: dict[str, Any] | None = None) -> tuple[str, Any]:
+        """(decoder name, Params) for a request; UserInputError names the bad field."""
+        name = decoder or self.cfg.decoders[0]
+        if name not in self.decoders:
+            raise UserInputError(f"decoder {name!r} is not served here; choose one of {list(self.decoders)}")
+        return name, self._params(name, overrides or {})
+
+    def decode(
+        self, histories: list[list[int]], decoder: str | None = None, params: Any | None = None
+    ) -> BatchOutput:
+        """Decode one batch; `params` is a Params object from `resolve` or a dict of overrides."""
+        if not histories:
+            raise UserInputError("decode: empty batch")
+        if params is None or isinstance(params, dict):
+            name, p = self.resolve(decoder, params)
+        else:
+            name, p = decoder or self.cfg.decoders[0], params
+        t0 = time.perf_counter_ns()
+        with torch.inference_mode():
+            res = self.decoders[name].decode(self.ctx, histories, p)
+        if self.ctx.device.type == "cuda":
+            torch.cuda.synchronize()
+        decode_ms = (time.perf_counter_ns() - t0) / 1e6
+        codes = res.codes.cpu().numpy()
+        scores = res.scores.float().cpu().numpy()
+        ids = res.item_ids.cpu().numpy()
+        valid = res.valid.cpu().numpy()
+        items = [
+            BatchItems(ids[i].tolist(), codes[i].tolist(), scores[i].tolist(), valid[i].tolist())
+            for i in range(len(histories))
+        ]
+        return BatchOutput(
+            items=items,
+            decoder=name,
+            params=vars(p).copy(),
+            decode_ms=decode_ms,
+            timings_ms=dict(res.timings_ms),
+            counters={k: float(v) for k, v in res.counters.items()},
+            batch_size=len(histories),
+        )
+
+    def warm_up(self) -> float:
+        """Run every decoder a few times on real histories (allocator, kernels, constraint caches)."""
+        t0 = time.perf_counter()
+        examples = (
+            self.ds.eval_examples("test")[: self.cfg.warmup_batch_size] if self.cfg.warmup_batches else []
+        )
+        histories = [ex.history for ex in examples] or [[0]]
+        for _ in range(self.cfg.warmup_batches):
+            for name in self.decoders:
+                self.decode(histories, name, self.defaults[name])
+        return time.perf_counter() - t0
+
+    def sample_histories(self, n: int, seed: int = 0, split: str = "test") -> list[list[int]]:
+        """n histories drawn from the dataset's split (for load generators and smoke tests)."""
+        examples = self.ds.eval_examples(split)
+        pick = np.random.default_rng(seed).choice(len(examples), size=n, replace=len(examples) < n)
+        return [examples[i].history for i in pick]
+
+
+# ---- Ray ------------------------------------------------------------------------------------------
+def actor_resources(cluster: dict[str, float], threads: int, gpu: float | str = "auto") -> dict[str, float]:
+    """Ray resources for one host: `threads` CPUs, and a GPU (auto: one whole GPU if the cluster has any)."""
+    num_gpus = (1.0 if cluster.get("GPU", 0) >= 1 else 0.0) if gpu == "auto" else float(gpu)
+    return {"num_cpus": float(max(1, threads)), "num_gpus": num_gpus}
+
+
+def start_decoder_actor(cfg: HostConfig, gpu: float | str = "auto"):
+    """Start a DecoderActor with resources fitted to the cluster; returns the actor handle."""
+    import ray
+
+    res = actor_resources(ray.cluster_resources(), cfg.threads, gpu)
+    if res["num_gpus"] and cfg.device == "auto":
+        cfg = HostConfig(**{**vars(cfg), "device": "cuda"})
+    return ray.remote(DecoderHost).options(**res).remote(cfg)
+
+
+def __getattr__(name: str):  # DecoderActor = ray.remote(DecoderHost), imported lazily (no Ray at import)
+    if name == "DecoderActor":
+        import ray
+
+        return ray.remote(DecoderHost)
+    raise AttributeError(name)
+
+
+_HOSTS: dict[tuple, DecoderHost] = {}
+
+
+def cached_host(model: str, data: str | None, device: str, threads: int = 0) -> DecoderHost:
+    """One host per process (sweep trials on a reused Tune worker): a different model replaces it."""
+    key = (model, data, device)
+    if key not in _HOSTS:
+        _HOSTS.clear()
+        _HOSTS[key] = DecoderHost(
+            HostConfig(model=model, data=data, device=device, threads=threads, warmup_batches=0)
+        )
+    elif threads:
+        torch.set_num_threads(threads)
+    return _HOSTS[key]

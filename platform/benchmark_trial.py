@@ -1,0 +1,89 @@
+"""The Tune trial of a `benchmark:` experiment: call one registered benchmark and report its result row.
+
+Same conventions as `sweep.run_trial`, so the driver's Parquet and MLflow callbacks store the row
+unchanged: run id `<experiment>-<Tune trial id>`, the flat row as JSON under ROW_KEY beside its
+numeric columns, and a row already in Parquet (a trial Tune re-runs after a driver restart) reported
+back without running again. The row has the shared columns (experiment, run_id, decoder =
+"benchmark:<name>", decoder_params JSON, param_*, seed, environment, trial timings) plus a `benchmark`
+column and every scalar the benchmark returned.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict
+from datetime import UTC, datetime
+
+from ray import tune
+
+from genrec.platform.tracking import read_row
+from genrec.workloads.results import RESULT_SCHEMA_VERSION, current_environment
+
+
+def benchmark_kwargs(job: dict, params: dict, seed: int) -> dict:
+    """The benchmark's keyword arguments: the experiment's params, plus seed / threads / device filled
+    from the trial where the function takes them and the experiment does not fix them."""
+    from genrec.workloads.benchmarks.registry import get_benchmark
+
+    accepted = get_benchmark(job["benchmark"]).parameters()
+    kwargs = dict(params)
+    filled = {"seed": seed, "threads": job["threads"] or max(1, int(job["cpu"])), "device": job["device"]}
+    for name, value in filled.items():
+        if name in accepted and name not in kwargs:
+            kwargs[name] = value
+    return kwargs
+
+
+def benchmark_row(job: dict, run_id: str, params: dict, seed: int, metrics: dict, device: str) -> dict:
+    import torch
+
+    name = job["benchmark"]
+    flat: dict = {
+        "experiment": job["experiment"],
+        "run_id": run_id,
+        "benchmark": name,
+        "decoder": f"benchmark:{name}",
+        "decoder_params": json.dumps(params, sort_keys=True),
+        **{f"param_{k}": v for k, v in params.items()},
+        "dataset": "",
+        "model": "",
+        "split": "",
+        "seed": seed,
+        **asdict(current_environment(torch.device(device))),
+    }
+    for key, value in metrics.items():  # scalars only: one Parquet column each
+        if isinstance(value, bool | int | float | str) and key not in flat:
+            flat[key] = value
+    flat["created_at"] = datetime.now(UTC).isoformat(timespec="seconds")
+    flat["schema_version"] = RESULT_SCHEMA_VERSION
+    return flat
+
+
+def run_benchmark_trial(config: dict) -> None:
+    """Tune function trainable for `benchmark:` experiments (chosen by run_sweep)."""
+    from genrec.platform.sweep import JOB_KEY, ROW_KEY, numeric_metrics
+    from genrec.workloads.benchmarks.registry import get_benchmark
+
+    t0 = time.perf_counter()
+    started = time.time()
+    job = config[JOB_KEY]
+    trial_id = tune.get_context().get_trial_id()
+    run_id = f"{job['experiment']}-{trial_id}"
+    stored = read_row(job["results_dir"], job["experiment"], run_id)
+    if stored is not None:  # finished before the driver died: report it again, do not re-run
+        tune.report({**numeric_metrics(stored), ROW_KEY: json.dumps(stored), "genrec_reused": 1})
+        return
+
+    import torch
+
+    params = {**job["params"], **config.get("params", {})}
+    seed = int(config.get("seed", 0))
+    kwargs = benchmark_kwargs(job, params, seed)
+    torch.set_num_threads(int(kwargs.get("threads") or job["threads"] or max(1, int(job["cpu"]))))
+    metrics = get_benchmark(job["benchmark"]).run(**kwargs)
+    flat = benchmark_row(job, run_id, params, seed, metrics, str(kwargs.get("device", job["device"])))
+    flat["ray_trial_id"] = trial_id
+    flat["trial_started_at"] = started
+    flat["trial_wall_s"] = time.perf_counter() - t0
+    tune.report({**numeric_metrics(flat), ROW_KEY: json.dumps(flat), "genrec_reused": 0})

@@ -1,0 +1,167 @@
+"""`genrec loadtest`: open/closed-loop HTTP load against the Serve app, one run or a rate sweep.
+
+aiohttp, torch and the dataset code are imported inside the command so `genrec --help` stays fast.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from genrec.workloads.errors import UserInputError
+
+DEFAULT_RESULTS_DIR = "runs/results"  # same default as genrec.platform.tracking
+
+
+def parse_rates(values: list[str] | None) -> list[float]:
+    """['10,20', '40'] -> [10.0, 20.0, 40.0]: comma-separated and/or repeated values."""
+    rates: list[float] = []
+    for value in values or []:
+        for part in value.split(","):
+            if not part.strip():
+                continue
+            try:
+                rate = float(part)
+            except ValueError:
+                raise UserInputError(
+                    f"--sweep-rates {value!r}: expected requests/s numbers, e.g. --sweep-rates 10,20,40"
+                ) from None
+            if rate <= 0:
+                raise UserInputError(f"--sweep-rates {value!r}: rates must be > 0 requests/s")
+            rates.append(rate)
+    return sorted(set(rates))
+
+
+def loadtest_command(
+    url: Annotated[str, typer.Option(help="Base URL of the Serve app.")] = "http://127.0.0.1:8000",
+    rate: Annotated[float, typer.Option(help="Open loop: target requests per second.")] = 10.0,
+    duration: Annotated[
+        float, typer.Option(help="Measured seconds (per rate in a sweep), after warm-up.")
+    ] = 30.0,
+    slo_ms: Annotated[
+        float, typer.Option(help="Latency SLO in ms: goodput counts answers within it; P99 must meet it.")
+    ] = 200.0,
+    data: Annotated[
+        Path | None,
+        typer.Option(
+            help="Dataset folder whose test histories are sent (default: the one GET /health names)."
+        ),
+    ] = None,
+    mode: Annotated[
+        str, typer.Option(help="open (arrivals at --rate, never waiting) or closed (--concurrency workers).")
+    ] = "open",
+    concurrency: Annotated[int, typer.Option(help="Closed loop: requests outstanding at once.")] = 8,
+    burstiness: Annotated[
+        float,
+        typer.Option(help="Open loop: CV of inter-arrival gaps (gamma); 1 = Poisson, > 1 = bursty."),
+    ] = 1.0,
+    warmup_s: Annotated[float, typer.Option(help="Warm-up seconds: sent, recorded, not counted.")] = 2.0,
+    warmup_requests: Annotated[int, typer.Option(help="Also treat the first N requests as warm-up.")] = 0,
+    k: Annotated[int, typer.Option("--k", help="Items per recommendation.")] = 10,
+    decoder: Annotated[
+        str | None, typer.Option(help="Decoder to ask for (default: the app's default decoder).")
+    ] = None,
+    beam_width: Annotated[
+        int | None, typer.Option(help="Beam width to ask for (default: the app's).")
+    ] = None,
+    constraint_set: Annotated[str | None, typer.Option(help="Constraint set to ask for.")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the arrival times and of the histories drawn.")] = 0,
+    timeout_s: Annotated[float, typer.Option(help="Client timeout per request (counts as timeout).")] = 10.0,
+    max_rejection: Annotated[
+        float,
+        typer.Option(help="SLO also needs rejected + failed + timed-out requests at most this fraction."),
+    ] = 0.01,
+    experiment: Annotated[str, typer.Option(help="Experiment name of the result rows.")] = "loadtest",
+    label: Annotated[
+        str, typer.Option(help="Free text stored in the rows to tell setups apart, e.g. batching=on.")
+    ] = "",
+    results_dir: Annotated[
+        Path, typer.Option(help="Results folder (rows under parquet/, requests under loadtest/).")
+    ] = Path(DEFAULT_RESULTS_DIR),
+    no_mlflow: Annotated[bool, typer.Option("--no-mlflow", help="Write Parquet only, not MLflow.")] = False,
+    mlflow_uri: Annotated[
+        str | None, typer.Option(help="MLflow tracking URI (default: sqlite under --results-dir).")
+    ] = None,
+    sweep_rates: Annotated[
+        list[str] | None,
+        typer.Option(help="Run each of these rates (comma-separated, e.g. 10,20,40) and find the best."),
+    ] = None,
+    find_max_rate: Annotated[
+        bool,
+        typer.Option("--find-max-rate", help="Search the highest rate meeting the SLO (grow, then bisect)."),
+    ] = False,
+    start_rate: Annotated[float, typer.Option(help="--find-max-rate: first rate.")] = 5.0,
+    max_rate: Annotated[float, typer.Option(help="--find-max-rate: never go above this rate.")] = 1000.0,
+    growth: Annotated[
+        float, typer.Option(help="--find-max-rate: rate multiplier while the SLO holds.")
+    ] = 2.0,
+    refine_steps: Annotated[int, typer.Option(help="--find-max-rate: bisection steps after a failure.")] = 3,
+    quiet: Annotated[bool, typer.Option("--quiet", help="No progress lines.")] = False,
+) -> None:
+    """Send recommendation requests to a running `genrec serve` app and report latency percentiles,
+    throughput, goodput under an SLO, rejections and Serve overhead; optionally sweep the rate."""
+    from genrec.platform import loadgen
+
+    rates = parse_rates(sweep_rates)
+    if rates and find_max_rate:
+        raise UserInputError("use either --sweep-rates or --find-max-rate, not both")
+    if (rates or find_max_rate) and mode != "open":
+        raise UserInputError(
+            "rate sweeps are open-loop: drop --mode closed (or run single closed-loop tests)"
+        )
+    cfg = loadgen.LoadConfig(
+        url=url,
+        mode=mode,
+        rate=rates[0] if rates else start_rate if find_max_rate else rate,
+        concurrency=concurrency,
+        burstiness=burstiness,
+        duration_s=duration,
+        warmup_s=warmup_s,
+        warmup_requests=warmup_requests,
+        k=k,
+        decoder=decoder,
+        beam_width=beam_width,
+        constraint_set=constraint_set,
+        seed=seed,
+        timeout_s=timeout_s,
+        slo_ms=slo_ms,
+        max_unanswered_rate=max_rejection,
+    ).validate()
+    health, dataset, histories = loadgen.prepare(cfg, data)
+    ctx = loadgen.run_context(experiment, label, dataset, health)
+    tracking = loadgen.Tracking(results_dir, mlflow=not no_mlflow, mlflow_uri=mlflow_uri)
+    progress = None if quiet else (lambda line: typer.echo(line, err=True))
+
+    if rates or find_max_rate:
+        measure = loadgen.rate_measure(cfg, histories, ctx, tracking, progress)
+        if rates:
+            search = loadgen.sweep_rates(measure, rates)
+        else:
+            search = loadgen.find_max_rate(measure, start_rate, max_rate, growth, refine_steps)
+        typer.echo(
+            f"rate sweep against {url} ({len(search.points)} rates, {duration:g} s each, experiment "
+            f"{experiment}):"
+        )
+        typer.echo(loadgen.format_sweep(search, slo_ms, max_rejection))
+        last = search.points[-1].result
+    else:
+        last = loadgen.run_one(cfg, histories, ctx, tracking, progress=progress)
+        typer.echo(loadgen.format_summary(last))
+    typer.echo(f"requests -> {last.requests_file.parent}")
+    typer.echo(
+        f"result rows -> {last.row_file.parent}  (genrec runs --experiment {experiment}; "
+        f"genrec report --experiment {experiment})"
+    )
+    if tracking.mlflow:
+        from genrec.platform.tracking import sqlite_uri
+
+        uri = mlflow_uri or sqlite_uri(results_dir)
+        typer.echo(
+            f"mlflow: mlflow ui --backend-store-uri {uri}" if uri.startswith("sqlite") else f"mlflow: {uri}"
+        )
+
+
+def register(app: typer.Typer) -> None:
+    app.command("loadtest")(loadtest_command)

@@ -1,0 +1,116 @@
+"""`genrec serve`: run the Ray Serve app (local Ray by default) until Ctrl-C.
+
+Ray and Serve are imported inside the command so `genrec --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from genrec.workloads.errors import UserInputError
+
+
+def serve_command(
+    model: Annotated[
+        Path | None, typer.Option(help="Checkpoint folder (overrides args.model of --config).")
+    ] = None,
+    config: Annotated[
+        Path | None,
+        typer.Option(help="Ray Serve config file (see serve.yaml); its args are the app's settings."),
+    ] = None,
+    data: Annotated[Path | None, typer.Option(help="Dataset folder (default: the checkpoint's).")] = None,
+    ranking: Annotated[
+        Path | None,
+        typer.Option(help="Ranking checkpoint folder for POST /rank (from `genrec rank train --out DIR`)."),
+    ] = None,
+    host: Annotated[
+        str | None, typer.Option(help="Bind address (default 127.0.0.1: this machine only).")
+    ] = None,
+    port: Annotated[int | None, typer.Option(help="HTTP port (default 8000).")] = None,
+    decoders: Annotated[
+        str | None, typer.Option(help="Comma-separated decoders to serve; the first is the default.")
+    ] = None,
+    max_batch_size: Annotated[
+        int | None, typer.Option(help="Dynamic batching: largest batch (1 = off).")
+    ] = None,
+    batch_wait_ms: Annotated[
+        float | None, typer.Option(help="Dynamic batching: longest wait for a batch to fill (ms).")
+    ] = None,
+    replicas: Annotated[int | None, typer.Option(help="Replicas (each loads the model).")] = None,
+    threads: Annotated[int | None, typer.Option(help="Torch threads (and Ray CPUs) per replica.")] = None,
+    device: Annotated[str | None, typer.Option(help="auto, cpu or cuda.")] = None,
+    num_cpus: Annotated[
+        int | None, typer.Option(help="CPUs of the local Ray instance (default: all).")
+    ] = None,
+    ray_address: Annotated[
+        str | None, typer.Option(help="Ray cluster to deploy on (default: local).")
+    ] = None,
+) -> None:
+    """Serve recommendations over HTTP: POST /recommend (and /rank with --ranking), GET /health, /decoders,
+    /constraint-sets."""
+    from genrec.platform.serve.config import read_serve_file
+    from genrec.platform.serve.server import HttpSettings, serve_config_from, start_server, stop_server
+
+    file = read_serve_file(config) if config is not None else None
+    args = dict(file.args) if file else {}
+    batching = dict(args.get("batching") or {})
+    if file and file.user_config:
+        batching.update(file.user_config)
+    if max_batch_size is not None:
+        batching["max_batch_size"] = max_batch_size
+    if batch_wait_ms is not None:
+        batching["batch_wait_timeout_s"] = batch_wait_ms / 1e3
+    overrides = {
+        "model": str(model) if model else None,
+        "data": str(data) if data else None,
+        "ranking": str(ranking) if ranking else None,
+        "decoders": [d.strip() for d in decoders.split(",") if d.strip()] if decoders else None,
+        "num_replicas": replicas,
+        "threads": threads,
+        "device": device,
+        "batching": batching or None,
+    }
+    if overrides["decoders"] and "defaults" in args:  # keep defaults only for decoders still served
+        args["defaults"] = {k: v for k, v in args["defaults"].items() if k in overrides["decoders"]}
+    cfg = serve_config_from(args, overrides)
+    http = HttpSettings(
+        host=host or (file.host if file else "127.0.0.1"),
+        port=port or (file.port if file else 8000),
+        request_timeout_s=file.request_timeout_s if file else None,
+    )
+    typer.echo(
+        f"starting Ray Serve: model {cfg.model}, decoders {cfg.decoders}, "
+        f"max_batch_size {cfg.batching.max_batch_size}, wait {cfg.batching.batch_wait_timeout_s * 1e3:g} ms"
+    )
+    try:
+        url = start_server(cfg, http, ray_address=ray_address, num_cpus=num_cpus)
+    except RuntimeError as e:
+        raise UserInputError(f"the app did not come up: {e}") from None
+    typer.echo(f"serving at {url}  (Ctrl-C stops)")
+    typer.echo(f"  curl -s {url}/health")
+    typer.echo(
+        f"  curl -s -X POST {url}/recommend -H 'content-type: application/json' "
+        """-d '{"history": [1, 2, 3], "k": 5}'"""
+    )
+    if cfg.ranking is not None:
+        typer.echo(f"  POST {url}/rank  (ranking model {cfg.ranking}; see docs/serving.md)")
+    typer.echo(f"  genrec loadtest --url {url} --rate 20 --duration 30 --slo-ms 200")
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        while not stop.wait(1.0):
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        typer.echo("shutting down")
+        stop_server(shutdown_ray=True)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("serve")(serve_command)

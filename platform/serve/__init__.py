@@ -1,0 +1,1 @@
+"""Ray Serve app: `genrec serve`, the FastAPI ingress and its config."""

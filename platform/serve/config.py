@@ -1,0 +1,193 @@
+"""Serve configuration: the app's arguments (`ServeConfig`) and the config file that holds them.
+
+The config file is Ray Serve's own format (`serve build` / `serve deploy` read it), so one file
+drives both `genrec serve --config serve.yaml` and `serve deploy serve.yaml` on a cluster:
+
+    http_options: {host: 127.0.0.1, port: 8000}
+    applications:
+      - name: genrec
+        import_path: genrec.platform.serve.app:build_app
+        args: {model: runs/models/tiny, decoders: [beam, static], max_batch_size: 16, ...}
+
+`args` is a `ServeConfig`. Batching settings (`max_batch_size`, `batch_wait_timeout_s`) are the
+deployment's `user_config`, so `serve deploy` of a changed file applies them live, without
+restarting replicas.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from genrec.platform.experiment import format_validation_error
+from genrec.workloads.errors import UserInputError
+
+DEFAULT_HOST = "127.0.0.1"  # local only unless the config says otherwise
+DEFAULT_PORT = 8000
+APP_IMPORT_PATH = "genrec.platform.serve.app:build_app"
+DEPLOYMENT_NAME = "Recommender"
+CONSTRAINT_RULES = ("all", "cold_start", "random", "file")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ConstraintSetSpec(_Strict):
+    """A constraint set requests can name (`constraint_set`); decoded with the `static` decoder."""
+
+    rule: Literal["all", "cold_start", "random", "file"] = "all"
+    size: int = 0  # random: how many items
+    seed: int = 0  # random
+    path: str = ""  # file: a .npy or text list of SIDs
+
+    def static_params(self) -> dict[str, Any]:
+        return {
+            "constraint": self.rule,
+            "constraint_size": self.size,
+            "constraint_seed": self.seed,
+            "constraint_path": self.path,
+        }
+
+
+class BatchingConfig(_Strict):
+    """The deployment's user_config: changeable live."""
+
+    max_batch_size: int = Field(16, ge=1, le=4096)  # 1 = batching off
+    batch_wait_timeout_s: float = Field(0.005, ge=0, le=10)
+
+
+class ServeConfig(_Strict):
+    model: Path
+    data: Path | None = None  # None: the dataset recorded in the checkpoint
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    decoders: list[str] = Field(default_factory=lambda: ["beam", "static"])
+    defaults: dict[str, dict[str, Any]] = Field(
+        default_factory=lambda: {"beam": {"beam_width": 20, "k": 10}, "static": {"beam_width": 20, "k": 10}}
+    )
+    constraint_sets: dict[str, ConstraintSetSpec] = Field(
+        default_factory=lambda: {
+            "all": ConstraintSetSpec(rule="all"),
+            "cold_start": ConstraintSetSpec(rule="cold_start"),
+        }
+    )
+    history_policy: Literal["truncate", "reject"] = "truncate"  # over-long histories
+    max_k: int = Field(100, ge=1)
+    batching: BatchingConfig = Field(default_factory=BatchingConfig)
+    threads: int = Field(1, ge=1)  # torch threads per replica (= its CPUs)
+    num_cpus: float | None = None  # Ray CPUs per replica; None: `threads`
+    num_gpus: float | Literal["auto"] = "auto"  # auto: one GPU per replica when the cluster has GPUs
+    num_replicas: int = Field(1, ge=1)
+    autoscaling: dict[str, Any] | None = None  # Serve autoscaling_config; replaces num_replicas
+    max_ongoing_requests: int | None = None  # Serve's per-replica admission; None: above the app's own bound
+    max_queued_requests: int = Field(64, ge=1)  # per replica, requests waiting beyond one batch: then 503
+    overload_status: Literal[503, 429] = 503
+    retry_after_s: float = Field(1.0, ge=0)
+    request_timeout_s: float = Field(10.0, gt=0)  # the app answers 504 after this
+    warmup_batches: int = Field(2, ge=0)
+    # The replica's threads (Serve's event loops, the decoder) share the GIL; Python's default 5 ms
+    # switch interval lets a busy thread delay a request's hand-offs by that much each time.
+    gil_switch_interval_s: float | None = Field(0.0005, gt=0)
+    decode_in_thread: bool = False  # True: decode in a worker thread (see docs/serving.md for why not)
+    # POST /rank: a ranking checkpoint folder (`genrec rank train --out DIR`); None: /rank answers 404
+    ranking: Path | None = None
+    ranking_max_candidates: int = Field(10000, ge=1)  # B per /rank request
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ServeConfig:
+        extra = sorted(set(self.defaults) - set(self.decoders))
+        if extra:
+            raise ValueError(f"defaults for {extra}, which are not in decoders {self.decoders}")
+        if self.constraint_sets and "static" not in self.decoders:
+            # sets are decoded with the static decoder; without it they cannot be served
+            self.constraint_sets = {}
+        return self
+
+    def resolved(self, base: Path | None = None) -> ServeConfig:
+        """A copy with absolute paths (replicas may start in another working directory)."""
+        base = base or Path.cwd()
+
+        def absolute(p: Path | None) -> Path | None:
+            if p is None:
+                return None
+            p = p.expanduser()
+            return (p if p.is_absolute() else base / p).resolve()
+
+        return self.model_copy(
+            update={
+                "model": absolute(self.model),
+                "data": absolute(self.data),
+                "ranking": absolute(self.ranking),
+            }
+        )
+
+
+def parse_serve_config(args: dict[str, Any], where: str = "serve config") -> ServeConfig:
+    try:
+        return ServeConfig.model_validate(args)
+    except ValidationError as e:
+        raise UserInputError(f"{where}: {format_validation_error(e)}") from None
+
+
+def check_model_dir(cfg: ServeConfig) -> None:
+    if not (cfg.model / "config.json").is_file():
+        raise UserInputError(
+            f"model {cfg.model}: no checkpoint there (config.json missing); train one with "
+            "`genrec train --data DIR --out DIR` or pass --model pointing at a checkpoint folder"
+        )
+    if cfg.data is not None and not (cfg.data / "manifest.json").is_file():
+        raise UserInputError(f"data {cfg.data}: not a dataset folder (manifest.json missing)")
+    if cfg.ranking is not None:
+        from genrec.workloads.ranking.checkpoint import read_ranking_config
+
+        try:
+            read_ranking_config(cfg.ranking)  # config.json only; the replicas load the weights
+        except UserInputError as e:
+            raise UserInputError(f"ranking: {e}") from None
+
+
+class ServeFile(_Strict):
+    """What `genrec serve --config` reads from a Serve config file."""
+
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    request_timeout_s: float | None = None
+    args: dict[str, Any] = Field(default_factory=dict)
+    user_config: dict[str, Any] | None = None
+
+
+def read_serve_file(path: Path) -> ServeFile:
+    """Read a Serve config file (validated with Ray's own schema) and pick out our application."""
+    if not path.is_file():
+        raise UserInputError(f"serve config {path}: no such file (see serve.yaml in the repo for an example)")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise UserInputError(f"serve config {path}: not valid YAML ({e})") from None
+    from ray.serve.schema import ServeDeploySchema
+
+    try:
+        ServeDeploySchema.model_validate(raw)
+    except Exception as e:  # pydantic v1 or v2 error depending on Ray's bundled pydantic
+        raise UserInputError(f"serve config {path}: not a valid Ray Serve config: {e}") from None
+    apps = [a for a in raw.get("applications", []) if a.get("import_path") == APP_IMPORT_PATH]
+    if len(apps) != 1:
+        raise UserInputError(
+            f"serve config {path}: expected exactly one application with import_path {APP_IMPORT_PATH}, "
+            f"found {len(apps)}"
+        )
+    http = raw.get("http_options") or {}
+    user_config = None
+    for dep in apps[0].get("deployments") or []:
+        if dep.get("name") == DEPLOYMENT_NAME and dep.get("user_config") is not None:
+            user_config = dep["user_config"]
+    return ServeFile(
+        host=http.get("host", DEFAULT_HOST),
+        port=int(http.get("port", DEFAULT_PORT)),
+        request_timeout_s=http.get("request_timeout_s"),
+        args=apps[0].get("args") or {},
+        user_config=user_config,
+    )

@@ -1,0 +1,156 @@
+"""Start and stop the Serve app in this process's Ray (local by default): used by `genrec serve`,
+the tests and the batching benchmark."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from typing import Any
+
+from genrec.platform.serve.config import (
+    APP_IMPORT_PATH,
+    DEFAULT_HOST,
+    DEFAULT_PORT,
+    DEPLOYMENT_NAME,
+    ServeConfig,
+    check_model_dir,
+)
+from genrec.workloads.errors import UserInputError
+
+APP_NAME = "genrec"
+
+
+@dataclass
+class HttpSettings:
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    request_timeout_s: float | None = None  # Serve's proxy timeout (the app's own is ServeConfig's)
+
+
+def get_json(url: str, timeout: float = 5.0) -> dict[str, Any]:
+    with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 (a local URL we built)
+        return json.loads(r.read())
+
+
+def wait_healthy(url: str, timeout_s: float = 180.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            return get_json(f"{url}/health", timeout=5.0)
+        except (urllib.error.URLError, ConnectionError, TimeoutError, json.JSONDecodeError) as e:
+            last = e
+            time.sleep(0.5)
+    raise RuntimeError(f"{url}/health did not answer within {timeout_s:.0f} s (last error: {last})")
+
+
+def app_config(
+    cfg: ServeConfig, http: HttpSettings | None, user_config: dict[str, Any] | None = None
+) -> dict:
+    """The Serve config (the same format as serve.yaml) that deploys `cfg`; `user_config` overrides the
+    deployment's live settings. Only a changed user_config between two deploys is a lightweight update."""
+    args = json.loads(cfg.resolved().model_dump_json())
+    live = {**cfg.batching.model_dump(), "request_timeout_s": cfg.request_timeout_s, **(user_config or {})}
+    config: dict[str, Any] = {
+        "applications": [
+            {
+                "name": APP_NAME,
+                "route_prefix": "/",
+                "import_path": APP_IMPORT_PATH,
+                "args": args,
+                "deployments": [{"name": DEPLOYMENT_NAME, "user_config": live}],
+            }
+        ],
+    }
+    if http is not None:  # proxies start once; a redeploy leaves them as they are
+        config["http_options"] = {"host": http.host, "port": http.port}
+        if http.request_timeout_s:
+            config["http_options"]["request_timeout_s"] = http.request_timeout_s
+    return config
+
+
+def deploy(config: dict, timeout_s: float = 300.0) -> None:
+    """Apply a Serve config through the controller (what `serve deploy` does) and wait until the app runs;
+    a failed deployment raises with Serve's message (e.g. the replica's constructor error)."""
+    from ray import serve
+    from ray.serve.context import _get_global_client
+    from ray.serve.schema import ServeDeploySchema
+
+    _get_global_client().deploy_apps(ServeDeploySchema.model_validate(config))
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        app = serve.status().applications.get(APP_NAME)
+        status = str(getattr(app, "status", "")) if app else ""
+        if status.endswith("RUNNING") and _deployments_settled(app):
+            return
+        if status.endswith("DEPLOY_FAILED") or status.endswith("UNHEALTHY"):
+            raise RuntimeError(f"deployment failed: {app.message}")
+        time.sleep(0.5)
+    raise RuntimeError(f"the app did not reach RUNNING within {timeout_s:.0f} s")
+
+
+def _deployments_settled(app) -> bool:
+    # after a redeploy the app may still read RUNNING while a deployment updates
+    return all(str(d.status).endswith("HEALTHY") for d in app.deployments.values())
+
+
+def start_server(
+    cfg: ServeConfig,
+    http: HttpSettings | None = None,
+    ray_address: str | None = None,
+    num_cpus: int | None = None,
+    user_config: dict[str, Any] | None = None,
+) -> str:
+    """Deploy the app (starting local Ray and Serve if needed); returns its base URL once healthy."""
+    import ray
+    from ray import serve
+
+    http = http or HttpSettings()
+    cfg = cfg.resolved()
+    check_model_dir(cfg)
+    if not ray.is_initialized():
+        address = ray_address or os.environ.get("RAY_ADDRESS") or "local"
+        kwargs: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.WARNING}
+        if address == "local":
+            kwargs["num_cpus"] = num_cpus
+        ray.init(address=address, **kwargs)
+    config = app_config(cfg, http, user_config)
+    serve.start(http_options=config["http_options"])
+    deploy(config)
+    host = "127.0.0.1" if http.host in ("0.0.0.0", "::") else http.host
+    url = f"http://{host}:{http.port}"
+    wait_healthy(url)
+    return url
+
+
+def reconfigure(cfg: ServeConfig, **user_config: Any) -> None:
+    """Change batching or the request timeout live: the running replicas get the new user_config in
+    `reconfigure` and keep their loaded model (a lightweight update, as `serve deploy` does)."""
+    deploy(app_config(cfg, None, user_config))
+
+
+def stop_server(shutdown_ray: bool = False) -> None:
+    import ray
+    from ray import serve
+
+    try:
+        serve.shutdown()
+    finally:
+        if shutdown_ray and ray.is_initialized():
+            ray.shutdown()
+
+
+def serve_config_from(args: dict[str, Any], overrides: dict[str, Any]) -> ServeConfig:
+    from genrec.platform.serve.config import parse_serve_config
+
+    merged = {**args, **{k: v for k, v in overrides.items() if v is not None}}
+    if "model" not in merged:
+        raise UserInputError(
+            "no model: pass --model DIR (a checkpoint folder) or set args.model in the config"
+        )
+    return parse_serve_config(merged)

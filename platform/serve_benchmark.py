@@ -1,0 +1,217 @@
+"""Dynamic batching on vs off, same deployment, same process: the highest rate under a P99 SLO.
+
+    python -m genrec.platform.serve_benchmark --model runs/models/tiny --beam-width 20 --slo-ms 200
+
+Starts the Serve app once (local Ray), then for each arm (batching off = max_batch_size 1, batching
+on = --max-batch-size) reconfigures the running replica live (same process, same loaded model) and
+runs the load generator's rate search (open loop, Poisson, geometric growth then bisection). Arms
+alternate `--repeats` times so drift on a shared machine hits both. It also measures Serve's own
+overhead at low load (closed loop, one request at a time: end-to-end latency minus the decoder's
+time). Every load test is a result row of experiment `--experiment` (Parquet + MLflow); the summary
+goes to `--out` as JSON and is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from genrec.platform.loadgen import (
+    LoadConfig,
+    Tracking,
+    find_max_rate,
+    format_sweep,
+    prepare,
+    rate_measure,
+    run_context,
+    run_one,
+)
+from genrec.platform.serve.config import ServeConfig
+from genrec.platform.serve.server import HttpSettings, reconfigure, start_server, stop_server
+from genrec.workloads.io import atomic_write_text
+from genrec.workloads.results import git_commit
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="runs/models/tiny")
+    p.add_argument("--data", default=None, help="dataset folder (default: the checkpoint's)")
+    p.add_argument("--decoder", default="beam")
+    p.add_argument("--beam-width", type=int, default=20)
+    p.add_argument("--k", type=int, default=10)
+    p.add_argument("--slo-ms", type=float, default=200.0)
+    p.add_argument("--max-batch-size", type=int, default=16)
+    p.add_argument("--batch-wait-ms", type=float, default=5.0)
+    p.add_argument("--threads", type=int, default=1, help="torch threads of the replica")
+    p.add_argument("--duration", type=float, default=15.0, help="seconds per rate (after warm-up)")
+    p.add_argument("--warmup-s", type=float, default=2.0)
+    p.add_argument("--start-rate", type=float, default=20.0)
+    p.add_argument("--max-rate", type=float, default=2000.0)
+    p.add_argument("--refine-steps", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=1, help="alternate the arms this many times")
+    p.add_argument("--overhead-requests", type=int, default=200, help="low-load requests per arm")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--experiment", default="serve_batching")
+    p.add_argument("--results-dir", default="runs/results")
+    p.add_argument("--no-mlflow", action="store_true")
+    p.add_argument("--out", default="docs/results/serve_batching.json")
+    return p.parse_args(argv)
+
+
+def decoder_capacity(a: argparse.Namespace, batch: int, reps: int = 20) -> dict:
+    """Requests per second of the decoder alone (in this process, no HTTP) at batch 1 and `batch`:
+    the most batching can give before Serve's per-request costs."""
+    import torch
+
+    from genrec.platform.actors import DecoderHost, HostConfig
+
+    torch.set_num_threads(a.threads)
+    host = DecoderHost(
+        HostConfig(
+            model=a.model,
+            data=a.data,
+            threads=a.threads,
+            decoders=(a.decoder,),
+            defaults={a.decoder: {"beam_width": a.beam_width, "k": a.k}},
+        )
+    )
+    out = {}
+    for name, b in (("batch_1_rps", 1), ("batch_max_rps", batch)):
+        histories = host.sample_histories(b, seed=a.seed)
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            host.decode(histories)
+            times.append(time.perf_counter() - t0)
+        out[name] = b / statistics.median(times)
+    out["ratio"] = out["batch_max_rps"] / out["batch_1_rps"]
+    return out
+
+
+def noop_latency(url: str, n: int = 200) -> float:
+    """Median latency of GET /health: Serve's own floor for an endpoint that does no work."""
+    from genrec.platform.serve.server import get_json
+
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        get_json(f"{url}/health")
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times[n // 10 :])
+
+
+def main(argv: list[str] | None = None) -> dict:
+    a = parse_args(argv)
+    cfg = ServeConfig(
+        model=Path(a.model),
+        data=Path(a.data) if a.data else None,
+        decoders=[a.decoder],
+        defaults={a.decoder: {"beam_width": a.beam_width, "k": a.k}},
+        constraint_sets={},
+        threads=a.threads,
+        max_queued_requests=256,
+        batching={"max_batch_size": a.max_batch_size, "batch_wait_timeout_s": a.batch_wait_ms / 1e3},
+    )
+    arms = {
+        "batching=off": {"max_batch_size": 1, "batch_wait_timeout_s": 0.0},
+        "batching=on": {"max_batch_size": a.max_batch_size, "batch_wait_timeout_s": a.batch_wait_ms / 1e3},
+    }
+    tracking = Tracking(Path(a.results_dir), mlflow=not a.no_mlflow)
+    decoder_alone = decoder_capacity(a, a.max_batch_size)
+    print(
+        f"decoder alone (no Serve), requests/s: batch 1 {decoder_alone['batch_1_rps']:.0f}, batch "
+        f"{a.max_batch_size} {decoder_alone['batch_max_rps']:.0f} ({decoder_alone['ratio']:.2f}x)",
+        flush=True,
+    )
+    url = start_server(cfg, HttpSettings(port=a.port))
+    out: dict = {
+        "command": "python -m genrec.platform.serve_benchmark " + " ".join(argv or []),
+        "model": a.model,
+        "decoder": a.decoder,
+        "beam_width": a.beam_width,
+        "slo_ms": a.slo_ms,
+        "git_commit": git_commit(),
+        "arms": {name: {"max_rates": [], "overhead_p50_ms": [], "searches": []} for name in arms},
+        "decoder_alone": decoder_alone,
+    }
+    try:
+        base = LoadConfig(
+            url=url,
+            k=a.k,
+            slo_ms=a.slo_ms,
+            duration_s=a.duration,
+            warmup_s=a.warmup_s,
+            seed=a.seed,
+            timeout_s=max(10.0, 5 * a.slo_ms / 1e3),
+        )
+        health, dataset, histories = prepare(base, a.data)
+        out["noop_endpoint_p50_ms"] = noop_latency(url)
+        print(f"Serve floor: GET /health p50 {out['noop_endpoint_p50_ms']:.2f} ms", flush=True)
+        out["device"] = health.get("device")
+        out["threads"] = health.get("threads")
+        t0 = time.time()
+        for rep in range(a.repeats):
+            for name, live in arms.items():
+                reconfigure(cfg, **live)
+                ctx = run_context(a.experiment, name, dataset, {**health, **live})
+                # Serve's own overhead at low load: one request at a time
+                low = replace(
+                    base,
+                    mode="closed",
+                    concurrency=1,
+                    warmup_s=0.0,
+                    warmup_requests=20,
+                    duration_s=a.overhead_requests / 50.0,  # about that many requests at ~20 ms each
+                )
+                res = run_one(low, histories, ctx, tracking)
+                out["arms"][name]["overhead_p50_ms"].append(res.summary.overhead_p50_ms)
+                print(
+                    f"[{name} rep {rep}] low load: e2e p50 {res.summary.latency_ms['p50']:.2f} ms, "
+                    f"decode p50 {res.summary.decode_p50_ms:.2f} ms, "
+                    f"overhead p50 {res.summary.overhead_p50_ms:.2f} ms",
+                    flush=True,
+                )
+                measure = rate_measure(base, histories, ctx, tracking, progress=None)
+                search = find_max_rate(measure, a.start_rate, a.max_rate, refine_steps=a.refine_steps)
+                print(
+                    f"[{name} rep {rep}]\n" + format_sweep(search, a.slo_ms, base.max_unanswered_rate),
+                    flush=True,
+                )
+                out["arms"][name]["max_rates"].append(search.best_rate)
+                out["arms"][name]["searches"].append(
+                    [
+                        {
+                            "rate": p.rate,
+                            "p99_ms": p.p99_ms,
+                            "unanswered_rate": p.unanswered_rate,
+                            "meets": p.meets,
+                            "mean_batch": p.result.summary.batch_size_mean,
+                            "throughput_rps": p.result.summary.throughput_rps,
+                        }
+                        for p in sorted(search.points, key=lambda p: p.rate)
+                    ]
+                )
+        out["wall_s"] = time.time() - t0
+    finally:
+        stop_server(shutdown_ray=True)
+    on = [r or 0.0 for r in out["arms"]["batching=on"]["max_rates"]]
+    off = [r or 0.0 for r in out["arms"]["batching=off"]["max_rates"]]
+    out["ratio_on_over_off"] = statistics.median(on) / statistics.median(off) if min(off) > 0 else None
+    for name, arm in out["arms"].items():
+        print(
+            f"{name}: max rate under P99 <= {a.slo_ms:g} ms: {arm['max_rates']} req/s; "
+            f"low-load serve overhead p50 {[round(x, 2) for x in arm['overhead_p50_ms']]} ms"
+        )
+    print(f"ratio (median max rate, on / off): {out['ratio_on_over_off']}")
+    atomic_write_text(Path(a.out), json.dumps(out, indent=2) + "\n")
+    print(f"wrote {a.out}")
+    return out
+
+
+if __name__ == "__main__":
+    main()

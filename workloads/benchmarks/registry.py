@@ -1,0 +1,113 @@
+"""Benchmarks a sweep can name (`benchmark: NAME` in an experiment file): name -> fn(**params) -> metrics.
+
+A benchmark experiment needs no dataset, model or decoder: its `params` and `search_space` are the
+function's keyword arguments, checked against its signature before Ray starts. `seed`, `threads` and
+`device`, when the function takes them, are filled by the trial (seeds from `seeds:`, threads from the
+trial's CPUs) unless the experiment fixes them. Pure workloads code: no ray, mlflow or pydantic.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from genrec.workloads.benchmarks.mari_matmul import fragmented_point, matmul_point
+from genrec.workloads.benchmarks.mari_model import model_point
+from genrec.workloads.errors import UserInputError
+
+FILLED_BY_TRIAL = ("seed", "threads", "device")
+
+
+def _positive(*names: str, zero_ok: tuple[str, ...] = ()) -> Callable[[dict], None]:
+    """A params check: the named ints must be >= 1 (>= 0 for zero_ok)."""
+
+    def check(params: dict) -> None:
+        for name in (*names, *zero_ok):
+            if name not in params:
+                continue
+            low = 0 if name in zero_ok else 1
+            v = params[name]
+            if not isinstance(v, int) or isinstance(v, bool) or v < low:
+                raise UserInputError(f"{name} must be an integer >= {low}, got {v!r}")
+
+    return check
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    name: str
+    fn: Callable[..., dict]
+    metrics: tuple[str, ...]  # numeric outputs an experiment may optimise / plot
+    description: str
+    check: Callable[[dict], None] = field(default=lambda params: None)
+
+    def parameters(self) -> dict[str, inspect.Parameter]:
+        return dict(inspect.signature(self.fn).parameters)
+
+    def run(self, **params) -> dict:
+        self.check(params)
+        return self.fn(**params)
+
+
+_INTS = ("b", "d_user", "d_item", "d_hidden", "reps")
+
+BENCHMARKS: dict[str, Benchmark] = {
+    b.name: b
+    for b in (
+        Benchmark(
+            "mari_matmul",
+            matmul_point,
+            (
+                "time_speedup",
+                "flops_speedup",
+                "time_vanilla_ms",
+                "time_mari_ms",
+                "time_speedup_std",
+                "max_abs_diff",
+            ),
+            "MaRI (eq. 7) vs the vanilla fusion MatMul at one (B, D_user, D_item, D_cross, D_hidden)",
+            _positive(*_INTS, "warmup", zero_ok=("d_cross", "warmup")),
+        ),
+        Benchmark(
+            "mari_fragmented",
+            fragmented_point,
+            (
+                "fragmented_over_neat",
+                "degradation_vs_neat_pct",
+                "degradation_vs_vanilla_pct",
+                "time_mari_neat_ms",
+                "time_mari_fragmented_ms",
+                "time_vanilla_ms",
+                "max_abs_diff",
+            ),
+            "fragmented (one MatMul per feature chunk) vs neat MaRI vs vanilla at one chunk size",
+            _positive("chunk", *_INTS, zero_ok=("d_cross", "warmup")),
+        ),
+        Benchmark(
+            "mari_model",
+            model_point,
+            (
+                "speedup_mari_vs_vani",
+                "speedup_mari_vs_uoi",
+                "speedup_uoi_vs_vani",
+                "time_vani_ms",
+                "time_uoi_ms",
+                "time_mari_ms",
+                "max_abs_diff_mari",
+            ),
+            "the trained ranking model in VanI / UOI / MaRI on one request of B candidates",
+            _positive(*_INTS, "experts", "tasks", "seq_len", zero_ok=("d_cross", "warmup", "train_steps")),
+        ),
+    )
+}
+
+
+def benchmark_names() -> list[str]:
+    return sorted(BENCHMARKS)
+
+
+def get_benchmark(name: str) -> Benchmark:
+    if name not in BENCHMARKS:
+        raise UserInputError(f"unknown benchmark {name!r}; choose one of {benchmark_names()}")
+    return BENCHMARKS[name]
