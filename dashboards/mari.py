@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from genrec.dashboards.report import CSS, PALETTE, _esc, _FigureWriter, html_table
-from genrec.workloads.io import atomic_write_text
+from genrec.dashboards.report import PALETTE, _FigureWriter, html_table, write_page
 
 MARI_BENCHMARKS = ("mari_matmul", "mari_fragmented", "mari_model")
 # Table 3 of the paper: chunk -> (fragmented vs vanilla %, fragmented vs neat MaRI %)
@@ -263,14 +262,5 @@ def build_mari_report(df: pd.DataFrame, out: str | os.PathLike, title: str) -> P
         ],
     )
     sections.append(("provenance", "Provenance", prov))
-    nav = "".join(f'<a href="#{a}">{_esc(h)}</a>' for a, h, _ in sections)
-    body = "".join(f'<section id="{a}"><h2>{_esc(h)}</h2>{b}</section>' for a, h, b in sections)
     subtitle = f"{len(df)} result rows; benchmarks: {', '.join(sorted(df['benchmark'].unique()))}"
-    page = (
-        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<title>{_esc(title)}</title><style>{CSS}</style></head><body><main>"
-        f'<h1>{_esc(title)}</h1><p class="sub">{_esc(subtitle)}</p><nav>{nav}</nav>{body}'
-        "</main></body></html>\n"
-    )
-    return atomic_write_text(out, page)
+    return write_page(out, title, subtitle, sections)

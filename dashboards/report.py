@@ -602,6 +602,21 @@ def _resolve_metric(qcols: list[str], metric: str | None) -> str | None:
     return max(pool, key=lambda c: int(QUALITY_RE.match(c)["k"]))  # type: ignore[index]
 
 
+def write_page(out: Path, title: str, subtitle: str, sections: Sequence[tuple[str, str, str]]) -> Path:
+    """One standalone HTML page: a title, a navigation bar and one <section> per (anchor, heading,
+    body HTML); written atomically. Every report page of the dashboards goes through here."""
+    nav = "".join(f'<a href="#{a}">{_esc(h)}</a>' for a, h, _ in sections)
+    body = "".join(f'<section id="{a}"><h2>{_esc(h)}</h2>{b}</section>' for a, h, b in sections)
+    page = (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{_esc(title)}</title><style>{CSS}</style></head><body><main>"
+        f'<h1>{_esc(title)}</h1><p class="sub">{_esc(subtitle)}</p><nav>{nav}</nav>{body}'
+        "</main></body></html>\n"
+    )
+    return atomic_write_text(out, page)
+
+
 def build_report(
     results_dir: str | os.PathLike = DEFAULT_RESULTS_DIR,
     experiment: str | None = None,
@@ -719,18 +734,9 @@ def build_report(
     )
     sections.append(("provenance", "Provenance", provenance_block(df, agg, results_dir.resolve(), command)))
 
-    nav = "".join(f'<a href="#{a}">{_esc(h)}</a>' for a, h, _ in sections)
-    body = "".join(f'<section id="{a}"><h2>{_esc(h)}</h2>{b}</section>' for a, h, b in sections)
     decoders = ", ".join(sorted(agg["decoder"].astype(str).unique()))
     subtitle = (
         f"{len(df)} result rows, {len(agg)} configurations; decoders: {decoders}; "
         f"experiments: {_values(df, 'experiment')}"
     )
-    page = (
-        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<title>{_esc(title)}</title><style>{CSS}</style></head><body><main>"
-        f'<h1>{_esc(title)}</h1><p class="sub">{_esc(subtitle)}</p><nav>{nav}</nav>{body}'
-        "</main></body></html>\n"
-    )
-    return atomic_write_text(out, page)
+    return write_page(out, title, subtitle, sections)

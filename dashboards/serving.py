@@ -23,7 +23,6 @@ import pandas as pd
 from genrec.dashboards.analysis import format_value, is_missing
 from genrec.dashboards.report import (
     BOTTOM_LEGEND,
-    CSS,
     PALETTE,
     SYMBOLS,
     _esc,
@@ -34,10 +33,10 @@ from genrec.dashboards.report import (
     html_table,
     legend_height,
     provenance_block,
+    write_page,
 )
 from genrec.platform.tracking import list_experiments, read_results
 from genrec.workloads.errors import UserInputError
-from genrec.workloads.io import atomic_write_text
 
 LOADTEST_KIND = "loadtest"
 DEFAULT_SLO_MS = 200.0
@@ -480,17 +479,8 @@ def build_serving_report(
         ),
         ("provenance", "Provenance", provenance_block(df, configs, results_dir.resolve(), shlex.join(argv))),
     ]
-    nav = "".join(f'<a href="#{a}">{_esc(h)}</a>' for a, h, _ in sections)
-    body = "".join(f'<section id="{a}"><h2>{_esc(h)}</h2>{b}</section>' for a, h, b in sections)
     subtitle = (
         f"{len(df)} load-test runs, {points['config'].nunique()} configurations, "
         f"offered rates {_rate(points['rate'].min())}–{_rate(points['rate'].max())} req/s; SLO {rule}"
     )
-    page = (
-        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<title>{_esc(title)}</title><style>{CSS}</style></head><body><main>"
-        f'<h1>{_esc(title)}</h1><p class="sub">{_esc(subtitle)}</p><nav>{nav}</nav>{body}'
-        "</main></body></html>\n"
-    )
-    return atomic_write_text(out, page)
+    return write_page(out, title, subtitle, sections)

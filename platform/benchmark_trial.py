@@ -17,7 +17,6 @@ from datetime import UTC, datetime
 
 from ray import tune
 
-from genrec.platform.tracking import read_row
 from genrec.workloads.results import RESULT_SCHEMA_VERSION, current_environment
 
 
@@ -62,17 +61,14 @@ def benchmark_row(job: dict, run_id: str, params: dict, seed: int, metrics: dict
 
 def run_benchmark_trial(config: dict) -> None:
     """Tune function trainable for `benchmark:` experiments (chosen by run_sweep)."""
-    from genrec.platform.sweep import JOB_KEY, ROW_KEY, numeric_metrics
+    from genrec.platform.sweep import JOB_KEY, ROW_KEY, begin_trial, numeric_metrics
     from genrec.workloads.benchmarks.registry import get_benchmark
 
     t0 = time.perf_counter()
     started = time.time()
     job = config[JOB_KEY]
-    trial_id = tune.get_context().get_trial_id()
-    run_id = f"{job['experiment']}-{trial_id}"
-    stored = read_row(job["results_dir"], job["experiment"], run_id)
-    if stored is not None:  # finished before the driver died: report it again, do not re-run
-        tune.report({**numeric_metrics(stored), ROW_KEY: json.dumps(stored), "genrec_reused": 1})
+    trial_id, run_id, reused = begin_trial(job)
+    if reused:
         return
 
     import torch

@@ -9,6 +9,7 @@ import typer
 from genrec.platform.commands import data as data_commands
 from genrec.platform.commands import loadtest as loadtest_commands
 from genrec.platform.commands import model as model_commands
+from genrec.platform.commands import rank as rank_commands
 from genrec.platform.commands import report as report_commands
 from genrec.platform.commands import serve as serve_commands
 from genrec.platform.commands import sweep as sweep_commands
@@ -29,6 +30,7 @@ report_commands.register(app)
 sweep_commands.register(app)
 serve_commands.register(app)
 loadtest_commands.register(app)
+rank_commands.register(app)
 
 
 # Options that take several values after one flag (`--k 5 10`); click wants `--k 5 --k 10`.

@@ -425,21 +425,28 @@ def validate_experiment(cfg: ExperimentConfig, check_files: bool = True) -> None
     if both:
         raise UserInputError(f"`params.{both[0]}` is also in `search_space`; keep it in one place")
 
-    for name, value in cfg.params.items():
-        _check_type(f"params.{name}", param_fields[name], value)
-    candidates: dict[str, list[tuple[str, Any]]] = {}
-    for name, spec in cfg.search_space.items():
-        _check_space(f"search_space.{name}", spec)
-        values = _candidate_values(f"search_space.{name}", spec)
-        for key, value in values:
-            _check_type(key, param_fields[name], value)
-        candidates[name] = values
+    candidates = _typed_candidates(cfg, param_fields)
     _check_combinations(cfg, candidates)
 
     if cfg.metric not in cfg.valid_metrics():
         raise UserInputError(f"`metric`: {cfg.metric!r} is not produced; choose one of {cfg.valid_metrics()}")
     if check_files:
         check_inputs(cfg)
+
+
+def _typed_candidates(cfg: ExperimentConfig, field_types: dict) -> dict[str, list[tuple[str, Any]]]:
+    """Check `params` and every search-space value against the parameters' types; return each
+    search-space parameter's candidate values as (key path, value) pairs."""
+    for name, value in cfg.params.items():
+        _check_type(f"params.{name}", field_types[name], value)
+    candidates: dict[str, list[tuple[str, Any]]] = {}
+    for name, spec in cfg.search_space.items():
+        _check_space(f"search_space.{name}", spec)
+        values = _candidate_values(f"search_space.{name}", spec)
+        for key, value in values:
+            _check_type(key, field_types[name], value)
+        candidates[name] = values
+    return candidates
 
 
 def validate_benchmark_experiment(cfg: ExperimentConfig) -> None:
@@ -489,15 +496,7 @@ def validate_benchmark_experiment(cfg: ExperimentConfig) -> None:
         raise UserInputError(
             f"benchmark {cfg.benchmark!r} needs {required}: set them in `params` or `search_space`"
         )
-    for name, value in cfg.params.items():
-        _check_type(f"params.{name}", fields_[name], value)
-    candidates: dict[str, list[tuple[str, Any]]] = {}
-    for name, spec in cfg.search_space.items():
-        _check_space(f"search_space.{name}", spec)
-        values = _candidate_values(f"search_space.{name}", spec)
-        for key, value in values:
-            _check_type(key, fields_[name], value)
-        candidates[name] = values
+    candidates = _typed_candidates(cfg, fields_)
     names = list(candidates)
     if math.prod(len(v) for v in candidates.values()) > MAX_COMBINATIONS_CHECKED:
         checks = [((name,), [kv]) for name in names for kv in candidates[name]]

@@ -27,7 +27,6 @@ import asyncio
 import json
 import math
 import os
-import tempfile
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -37,9 +36,8 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from genrec.platform.tracking import DEFAULT_RESULTS_DIR, check_experiment_name
+from genrec.platform.tracking import DEFAULT_RESULTS_DIR, check_experiment_name, write_parquet_atomic
 from genrec.workloads.errors import UserInputError
 from genrec.workloads.metrics import latency_summary
 
@@ -518,19 +516,6 @@ def summarize(records: Sequence[RequestRecord], cfg: LoadConfig) -> LoadSummary:
 # --------------------------------------------------------------------------------------------- rows
 
 
-def _atomic_write_table(table: pa.Table, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        pq.write_table(table, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
 def requests_path(results_dir: str | os.PathLike, run_id: str) -> Path:
     return Path(results_dir).resolve() / "loadtest" / f"{run_id}.parquet"
 
@@ -568,7 +553,7 @@ def write_requests(records: Sequence[RequestRecord], path: Path, run_id: str) ->
         ]
     )
     table = pa.Table.from_pylist([{k: d[k] for k in schema.names} for d in rows], schema=schema)
-    return _atomic_write_table(table, path)
+    return write_parquet_atomic(table, path)
 
 
 @dataclass

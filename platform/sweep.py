@@ -130,16 +130,24 @@ def numeric_metrics(flat: dict) -> dict[str, float]:
     }
 
 
+def begin_trial(job: dict) -> tuple[str, str, bool]:
+    """(trial id, run id, reused). A trial whose row is already stored finished before the driver
+    died: its row is reported again (reused=True) and the trial must not run again."""
+    trial_id = tune.get_context().get_trial_id()
+    run_id = f"{job['experiment']}-{trial_id}"
+    stored = read_row(job["results_dir"], job["experiment"], run_id)
+    if stored is not None:
+        tune.report({**numeric_metrics(stored), ROW_KEY: json.dumps(stored), "genrec_reused": 1})
+    return trial_id, run_id, stored is not None
+
+
 def run_trial(config: dict) -> None:
     """Tune function trainable: evaluate one (params, seed) point and report its result row."""
     t0 = time.perf_counter()
     started = time.time()
     job = config[JOB_KEY]
-    trial_id = tune.get_context().get_trial_id()
-    run_id = f"{job['experiment']}-{trial_id}"
-    stored = read_row(job["results_dir"], job["experiment"], run_id)
-    if stored is not None:  # finished before the driver died: report it again, do not re-run
-        tune.report({**numeric_metrics(stored), ROW_KEY: json.dumps(stored), "genrec_reused": 1})
+    trial_id, run_id, reused = begin_trial(job)
+    if reused:
         return
 
     import torch

@@ -53,8 +53,12 @@ def write_result_row(results_dir: str | os.PathLike, row: ResultRow | dict) -> P
     flat = row.to_flat() if isinstance(row, ResultRow) else dict(row)
     flat.setdefault("schema_version", RESULT_SCHEMA_VERSION)
     path = row_path(results_dir, str(flat["experiment"]), str(flat["run_id"]))
+    return write_parquet_atomic(pa.Table.from_pylist([flat]), path)
+
+
+def write_parquet_atomic(table: pa.Table, path: Path) -> Path:
+    """Write a Parquet file under a temporary name and rename it: readers never see half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    table = pa.Table.from_pylist([flat])
     fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:

@@ -21,7 +21,8 @@ CFG = RankingConfig(
 
 def request(cfg: RankingConfig, b: int, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
-    user = {"profile": torch.randn(cfg.d_user, generator=g), "seq": torch.randn(cfg.seq_len, cfg.d_seq, generator=g)}
+    profile, seq = torch.randn(cfg.d_user, generator=g), torch.randn(cfg.seq_len, cfg.d_seq, generator=g)
+    user = {"profile": profile, "seq": seq}
     return user, torch.randn(b, cfg.d_item, generator=g), torch.randn(b, cfg.d_cross, generator=g)
 
 
