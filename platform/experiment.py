@@ -72,6 +72,8 @@ class TrainSpec(_Strict):
     max_items: int = 20
     seed: int = 0
     threads: int = 0
+    objective: str = "next_item"  # next_item | nezha | mtp (a draft head's loss; issue 6)
+    head_variant: str = "full"  # a NEZHA ablation: full | no_context | no_placeholder | add
 
     def to_train_config(self):  # -> genrec.workloads.training.trainer.TrainConfig (imported lazily)
         from genrec.workloads.training.trainer import TrainConfig
@@ -84,6 +86,8 @@ class TrainSpec(_Strict):
             max_items=self.max_items,
             seed=self.seed,
             threads=self.threads,
+            objective=self.objective,
+            head_variant=self.head_variant,
         )
 
 

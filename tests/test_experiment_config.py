@@ -90,6 +90,16 @@ def test_training_step_instead_of_a_checkpoint(base, tmp_path):
         experiment_from_dict(raw)
 
 
+def test_training_step_can_train_a_draft_head(base, tmp_path):
+    raw = copy.deepcopy(base)
+    raw["model"] = {"train": {"out": str(tmp_path / "m"), "objective": "nezha", "head_variant": "add"}}
+    train = experiment_from_dict(raw).model.train.to_train_config()
+    assert (train.objective, train.head_variant) == ("nezha", "add")
+    raw["model"]["train"]["objective"] = "distill"
+    with pytest.raises(UserInputError, match="`model.train`: objective must be one of"):
+        experiment_from_dict(raw)
+
+
 def test_fingerprint_tracks_the_search_space(base):
     a = experiment_from_dict(base)
     raw = copy.deepcopy(base)
