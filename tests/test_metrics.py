@@ -1,6 +1,7 @@
 """Metrics against hand-computed values and a brute-force NDCG definition."""
 
 import math
+import statistics
 
 import pytest
 from hypothesis import given, settings
@@ -61,3 +62,26 @@ def test_paired_permutation_test_detects_a_real_difference_and_not_a_null_one():
     )
     assert same["p_value"] > 0.01
     assert user_metric_vector([[1, 2], [3, 4]], [[2], [9]], "hr@2").tolist() == [1.0, 0.0]
+
+
+@pytest.mark.parametrize("t", [-7.5, -1.3, -0.2, 0.0, 0.4, 2.9, 12.0])
+def test_student_t_cdf_matches_closed_forms(t):
+    from genrec.workloads.metrics import student_t_cdf
+
+    assert student_t_cdf(t, 1) == pytest.approx(0.5 + math.atan(t) / math.pi, abs=1e-7)  # Cauchy
+    assert student_t_cdf(t, 2) == pytest.approx(0.5 + t / (2 * math.sqrt(t * t + 2)), abs=1e-7)
+
+
+def test_paired_t_test_less_direction_and_degenerate_cases():
+    from genrec.workloads.metrics import paired_t_test_less
+
+    lower = paired_t_test_less([0.10, 0.11, 0.09], [0.20, 0.22, 0.21])
+    assert lower["mean_diff"] < 0 and lower["p_value"] < 0.05 and lower["df"] == 2
+    higher = paired_t_test_less([0.20, 0.22, 0.21], [0.10, 0.11, 0.09])
+    assert higher["p_value"] > 0.95
+    d = [0.01, 0.03, -0.02]  # t = mean / (sd / sqrt(3)) by hand
+    t = (sum(d) / 3) / (statistics.stdev(d) / math.sqrt(3))
+    assert paired_t_test_less(d, [0, 0, 0])["t"] == pytest.approx(t)
+    assert paired_t_test_less([1, 1], [1, 1])["p_value"] == 1.0
+    with pytest.raises(ValueError):
+        paired_t_test_less([1.0], [2.0])

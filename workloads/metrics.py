@@ -94,3 +94,32 @@ def paired_permutation_test(
     null = (signs * d).mean(axis=1)
     p = (1 + np.sum(null >= observed)) / (resamples + 1)
     return {"mean_diff": float(observed), "p_value": float(p), "users": int(len(d))}
+
+
+def student_t_cdf(t: float, df: int, steps: int = 20_000) -> float:
+    """CDF of Student's t with df degrees of freedom (Simpson's rule on the density; no scipy here)."""
+    if df < 1:
+        raise ValueError("df must be >= 1")
+    if t == 0:
+        return 0.5
+    x = np.linspace(0.0, abs(t), steps + 1)
+    log_c = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+    dens = np.exp(log_c - (df + 1) / 2 * np.log1p(x * x / df))
+    h = abs(t) / steps
+    area = h / 3 * (dens[0] + dens[-1] + 4 * dens[1:-1:2].sum() + 2 * dens[2:-1:2].sum())
+    return float(0.5 + area) if t > 0 else float(0.5 - area)
+
+
+def paired_t_test_less(a: Sequence[float], b: Sequence[float]) -> dict[str, float]:
+    """One-sided paired t-test of H1: mean(a - b) < 0 (e.g. a = NEZHA's per-seed HR@10, b = beam's).
+
+    A large p (>= 0.05) means a is not significantly below b. With identical pairs the test is
+    undefined; p is then reported as 1.0 (no evidence that a is lower)."""
+    d = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
+    if d.ndim != 1 or len(d) < 2 or len(a) != len(b):
+        raise ValueError("a paired t-test needs two equally long sequences of at least 2 values")
+    mean, sd = float(d.mean()), float(d.std(ddof=1))
+    if sd == 0:
+        return {"mean_diff": mean, "t": float("nan"), "df": len(d) - 1, "p_value": 1.0 if mean >= 0 else 0.0}
+    t = mean / (sd / math.sqrt(len(d)))
+    return {"mean_diff": mean, "t": t, "df": len(d) - 1, "p_value": student_t_cdf(t, len(d) - 1)}
