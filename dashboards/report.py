@@ -649,6 +649,12 @@ def build_report(
         if is_mari_frame(df):
             out = Path(out_html) if out_html is not None else default_out_path(results_dir, experiment)
             return build_mari_report(df, out, title or f"genrec report: {experiment or 'MaRI benchmarks'}")
+        if df["benchmark"].notna().all():  # other benchmarks (e.g. STATIC, issue 5): metric-vs-param lines
+            from genrec.dashboards.benchmark_lines import build_benchmark_lines_report
+
+            out = Path(out_html) if out_html is not None else default_out_path(results_dir, experiment)
+            page_title = title or f"genrec report: {experiment or 'benchmarks'}"
+            return build_benchmark_lines_report(df, out, page_title, x_param=x_param, metric=metric)
     if "kind" in df.columns and df["kind"].eq("loadtest").all():  # `genrec loadtest` rows: serving page
         from genrec.dashboards.serving import build_serving_report
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from genrec.workloads.benchmarks.mari_matmul import fragmented_point, matmul_point
 from genrec.workloads.benchmarks.mari_model import model_point
+from genrec.workloads.benchmarks.static_point import KERNELS, SCALING_BACKENDS, branch_point, scaling_point
 from genrec.workloads.errors import UserInputError
 
 FILLED_BY_TRIAL = ("seed", "threads", "device")
@@ -51,6 +52,38 @@ class Benchmark:
 
 
 _INTS = ("b", "d_user", "d_item", "d_hidden", "reps")
+_STATIC_INTS = ("vocab", "levels", "batch", "beam", "reps")
+
+
+def _static_check(size: str, choices: tuple[str, str, tuple[str, ...]]) -> Callable[[dict], None]:
+    """A STATIC params check: positive ints, a known backend / kernel, d < L, and a set that fits V^L."""
+    positive = _positive(
+        size, "constraint_size", *_STATIC_INTS, zero_ok=("dense_levels", "warmup", "baseline_max_size")
+    )
+    key, default, names = choices
+
+    def check(params: dict) -> None:
+        positive(params)
+        value = params.get(key, default)
+        if value not in names:
+            raise UserInputError(f"{key} must be one of {list(names)}, got {value!r}")
+        levels, vocab = params.get("levels", 8), params.get("vocab", 2048)
+        if params.get("dense_levels", 2) >= levels:
+            raise UserInputError(
+                f"dense_levels must be below levels ({levels}), got {params.get('dense_levels', 2)} "
+                "(the paper uses 2)"
+            )
+        if size in params and params[size] > vocab**levels:
+            raise UserInputError(
+                f"{size} = {params[size]} exceeds the SID space vocab^levels = {vocab}^{levels}"
+            )
+        if "max_branch" in params and params["max_branch"] > vocab:
+            raise UserInputError(
+                f"max_branch = {params['max_branch']} cannot exceed the codebook size vocab = {vocab}"
+            )
+
+    return check
+
 
 BENCHMARKS: dict[str, Benchmark] = {
     b.name: b
@@ -98,6 +131,30 @@ BENCHMARKS: dict[str, Benchmark] = {
             ),
             "the trained ranking model in VanI / UOI / MaRI on one request of B candidates",
             _positive(*_INTS, "experts", "tasks", "seq_len", zero_ok=("d_cross", "warmup", "train_steps")),
+        ),
+        Benchmark(
+            "static_scaling",
+            scaling_point,
+            (
+                "step_ms",
+                "unconstrained_step_ms",
+                "overhead_ratio",
+                "overhead_ms",
+                "step_ms_p99",
+                "build_s",
+                "memory_mb",
+                "mb_per_million",
+                "compliance",
+            ),
+            "STATIC / a baseline backend: per-step constrained decoding time vs unconstrained at one |C|, V",
+            _static_check("constraint_size", ("backend", "static", SCALING_BACKENDS)),
+        ),
+        Benchmark(
+            "static_branch",
+            branch_point,
+            ("kernel_ms", "mask_kernel_ms", "kernel_ms_p99", "kernel_us_per_beam", "max_branch_factor"),
+            "the VNTK mask step alone at one maximum branch factor (last-level nodes with B children each)",
+            _static_check("max_branch", ("kernel", "torch", KERNELS)),
         ),
     )
 }

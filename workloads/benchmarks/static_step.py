@@ -91,6 +91,17 @@ def synthetic_decode(
     return codes, scores
 
 
+def make_logits(
+    vocab: int, levels: int, batch: int, beam: int, temp: float, seed: int, dev: torch.device
+) -> list[torch.Tensor]:
+    """The fixed random logits of a synthetic decode: [batch, V] for level 0, [batch * beam, V] after."""
+    rng = torch.Generator(device="cpu").manual_seed(seed)
+    logits = [
+        torch.randn(batch if lvl == 0 else batch * beam, vocab, generator=rng) * temp for lvl in range(levels)
+    ]
+    return [x.to(dev) for x in logits]
+
+
 def kernel_timing(tm, rows: int, args: argparse.Namespace, dev: torch.device) -> list[dict]:
     """The VNTK alone, torch vs Triton, per sparse level, on `rows` random states of that level: the
     bool-mask form (`mask`, Algorithm 2 as written) and the fused form used in decoding (`apply`)."""
@@ -163,12 +174,7 @@ def run(args: argparse.Namespace) -> dict:
     dev = torch.device(args.device)
     torch.set_num_threads(args.threads)
     sizes_cb = (args.vocab,) * args.levels
-    rng = torch.Generator(device="cpu").manual_seed(args.seed)
-    logits = [
-        torch.randn(args.batch if lvl == 0 else args.batch * args.beam, args.vocab, generator=rng) * args.temp
-        for lvl in range(args.levels)
-    ]
-    logits = [x.to(dev) for x in logits]
+    logits = make_logits(args.vocab, args.levels, args.batch, args.beam, args.temp, args.seed, dev)
     results = []
     for n in args.sizes:
         t0 = time.perf_counter()

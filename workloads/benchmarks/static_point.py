@@ -1,0 +1,207 @@
+"""STATIC constrained decoding as registry benchmarks (`benchmark: static_scaling` / `static_branch`).
+
+    scaling_point  one (backend, |C|, V) point: the median time of one constrained decoding step
+                   (log-softmax + the backend's mask + top-k + state advance, per step = the synthetic
+                   decode of static_step.py divided by L) against the same decode without a mask, run
+                   interleaved in one process on the same logits; plus build time and index memory.
+    branch_point   the VNTK alone at one maximum branch factor B: a constraint set whose last-level
+                   nodes all have exactly B children; the fused (`apply`, what decoding uses) and the
+                   bool-mask form of the kernel on `batch * beam` random last-level states.
+
+Pure torch / numpy (no ray): the sweep trial calls these with `seed`, `threads` and `device` filled in.
+Baselines (cpu_trie, ppv_*, hash_bitmap) above `baseline_max_size` items are not run: the point returns
+`skipped = 1` and NaN timings, so one grid over backend x |C| can take STATIC further than the baselines.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from genrec.workloads.benchmarks.static_step import Unconstrained, _sync, make_logits, synthetic_decode
+from genrec.workloads.constraints.baselines import BASELINES
+from genrec.workloads.constraints.sets import ConstraintSet, uniform_random
+from genrec.workloads.constraints.transition import build_transition_matrix
+from genrec.workloads.constraints.vntk import StaticMask
+
+SCALING_BACKENDS = ("static", *BASELINES)  # static | cpu_trie | ppv_exact | ppv_approx | hash_bitmap
+KERNELS = ("torch", "triton")
+NAN = float("nan")
+
+
+def _setup(threads: int, device: str) -> torch.device:
+    if threads:
+        torch.set_num_threads(int(threads))
+    return torch.device(device)
+
+
+def _median_ms(times_ns: list[int], per: int = 1) -> float:
+    return float(np.median(times_ns)) / 1e6 / per
+
+
+def scaling_point(
+    constraint_size: int,
+    vocab: int = 2048,
+    levels: int = 8,
+    batch: int = 2,
+    beam: int = 70,
+    backend: str = "static",
+    dense_levels: int = 2,
+    reps: int = 20,
+    warmup: int = 3,
+    temp: float = 3.0,
+    baseline_max_size: int = 10**6,
+    threads: int = 2,
+    device: str = "cpu",
+    seed: int = 0,
+) -> dict:
+    """Per-step cost of one backend at one constraint-set size (uniform random SIDs over V^L)."""
+    if backend not in SCALING_BACKENDS:
+        raise ValueError(f"backend must be one of {SCALING_BACKENDS}, got {backend!r}")
+    if backend != "static" and baseline_max_size and constraint_size > baseline_max_size:
+        return {
+            "skipped": 1,
+            "step_ms": NAN,
+            "unconstrained_step_ms": NAN,
+            "overhead_ratio": NAN,
+            "overhead_ms": NAN,
+            "build_s": NAN,
+            "memory_mb": NAN,
+            "mb_per_million": NAN,
+        }
+    dev = _setup(threads, device)
+    t0 = time.perf_counter()
+    cset = uniform_random((vocab,) * levels, constraint_size, seed=seed)
+    set_build_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    extra: dict = {}
+    if backend == "static":
+        tm = build_transition_matrix(cset, dense_levels).to(dev)
+        be = StaticMask(tm, "torch")
+        extra = {
+            "u_max_mb": tm.u_max_bytes() / 2**20,
+            "max_branch_sparse": max(tm.max_branch[dense_levels:]),
+        }
+    else:
+        be = BASELINES[backend](cset, dev)
+    _sync(dev)
+    build_s = time.perf_counter() - t0
+    logits = make_logits(vocab, levels, batch, beam, temp, seed, dev)
+    pair = {"unconstrained": Unconstrained(), backend: be}
+    times: dict[str, list[int]] = {k: [] for k in pair}
+    with torch.no_grad():
+        for rep in range(warmup + reps):
+            order = list(pair) if rep % 2 == 0 else list(reversed(pair))  # drift hits both alike
+            for name in order:
+                _sync(dev)
+                t = time.perf_counter_ns()
+                synthetic_decode(pair[name], logits, batch, beam)
+                _sync(dev)
+                if rep >= warmup:
+                    times[name].append(time.perf_counter_ns() - t)
+        codes, scores = synthetic_decode(be, logits, batch, beam)
+    found = torch.isfinite(scores).reshape(-1).cpu().numpy()
+    flat = codes.reshape(-1, levels).cpu().numpy()[found]
+    step = _median_ms(times[backend], levels)
+    base = _median_ms(times["unconstrained"], levels)
+    memory_mb = be.memory_bytes() / 2**20
+    return {
+        "skipped": 0,
+        "step_ms": step,
+        "step_ms_p99": float(np.percentile(times[backend], 99)) / 1e6 / levels,
+        "unconstrained_step_ms": base,
+        "overhead_ratio": step / base,
+        "overhead_ms": step - base,
+        "build_s": build_s,
+        "set_build_s": set_build_s,
+        "memory_mb": memory_mb,
+        "mb_per_million": memory_mb / (len(cset) / 1e6),
+        "set_size": len(cset),
+        "compliance": float(cset.contains(flat).mean()) if len(flat) else NAN,
+        "returned": int(found.sum()),
+        **extra,
+    }
+
+
+def branch_set(
+    max_branch: int, constraint_size: int, vocab: int, levels: int, seed: int = 0
+) -> ConstraintSet:
+    """About `constraint_size` SIDs whose last-level nodes all have exactly `max_branch` children:
+    constraint_size // max_branch random distinct prefixes of length L - 1, each completed by the
+    `max_branch` consecutive codes (mod V) after a random offset."""
+    n_prefix = max(1, constraint_size // max_branch)
+    prefixes = uniform_random((vocab,) * (levels - 1), n_prefix, seed=seed).codes.astype(np.int64)
+    offset = np.random.default_rng(seed + 1).integers(0, vocab, size=len(prefixes))
+    last = (offset[:, None] + np.arange(max_branch)) % vocab  # [P, B], distinct per prefix
+    codes = np.concatenate(
+        [np.repeat(prefixes, max_branch, axis=0), last.reshape(-1, 1)], axis=1
+    )  # prefix-major, so every prefix's children are distinct rows
+    return ConstraintSet.from_codes(f"branch{max_branch}_s{seed}", (vocab,) * levels, codes, rule="branch")
+
+
+def branch_point(
+    max_branch: int,
+    constraint_size: int = 100_000,
+    vocab: int = 2048,
+    levels: int = 8,
+    batch: int = 2,
+    beam: int = 70,
+    dense_levels: int = 2,
+    kernel: str = "torch",
+    reps: int = 50,
+    warmup: int = 5,
+    threads: int = 2,
+    device: str = "cpu",
+    seed: int = 0,
+) -> dict:
+    """VNTK time at the last level of a set whose last-level nodes all have exactly `max_branch`
+    children (the kernel reads B_l = max_branch slots per beam), on batch * beam random states."""
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    if max_branch > vocab:
+        raise ValueError(f"max_branch ({max_branch}) cannot exceed the codebook size vocab ({vocab})")
+    dev = _setup(threads, device)
+    if kernel == "torch":
+        from genrec.workloads.constraints.vntk import vntk as mask_fn
+        from genrec.workloads.constraints.vntk import vntk_apply as apply_fn
+    else:
+        from genrec.kernels.constrained_mask import vntk_apply_triton as apply_fn
+        from genrec.kernels.constrained_mask import vntk_triton as mask_fn
+    cset = branch_set(max_branch, constraint_size, vocab, levels, seed)
+    t0 = time.perf_counter()
+    tm = build_transition_matrix(cset, dense_levels).to(dev)
+    build_s = time.perf_counter() - t0
+    level = levels - 1
+    branch = tm.max_branch[level]
+    rows = batch * beam
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    lo = tm.level_base[level - dense_levels]
+    states = torch.randint(lo, tm.num_states, (rows,), generator=gen, dtype=torch.int32).to(dev)
+    lp = torch.log_softmax(torch.randn(rows, vocab, generator=gen), -1).to(dev)
+    calls = {
+        "kernel": (apply_fn, (lp, states, tm.row_ptr, tm.edges, branch)),
+        "mask_kernel": (mask_fn, (states, tm.row_ptr, tm.edges, branch, vocab)),
+    }
+    times: dict[str, list[int]] = {k: [] for k in calls}
+    with torch.no_grad():
+        for rep in range(warmup + reps):
+            for name, (fn, args) in calls.items():
+                _sync(dev)
+                t = time.perf_counter_ns()
+                fn(*args)
+                _sync(dev)
+                if rep >= warmup:
+                    times[name].append(time.perf_counter_ns() - t)
+    kernel_ms = _median_ms(times["kernel"])
+    return {
+        "kernel_ms": kernel_ms,
+        "kernel_ms_p99": float(np.percentile(times["kernel"], 99)) / 1e6,
+        "mask_kernel_ms": _median_ms(times["mask_kernel"]),
+        "kernel_us_per_beam": kernel_ms * 1e3 / rows,
+        "max_branch_factor": int(branch),
+        "set_size": len(cset),
+        "build_s": build_s,
+        "memory_mb": tm.memory_bytes()["total"] / 2**20,
+    }
