@@ -20,10 +20,11 @@ from pathlib import Path
 
 import numpy as np
 
+from genrec.workloads.benchmarks.seeded_training import add_training_arguments, train_config
 from genrec.workloads.evaluation import EvalConfig, evaluate, load_context
 from genrec.workloads.io import atomic_write_text
 from genrec.workloads.metrics import paired_permutation_test, user_metric_vector
-from genrec.workloads.training.trainer import TrainConfig, train
+from genrec.workloads.training.trainer import train
 
 # AtSpeed (ICLR 2025), Table 2: LC-Rec with LLaMA-7B on Beauty, test Recall@10 at temperature 0.
 PAPER_RECALL10 = 0.0098
@@ -32,33 +33,13 @@ METRICS = ("hr@5", "ndcg@5", "recall@5", "hr@10", "ndcg@10", "recall@10", "inval
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", required=True, help="dataset folder (e.g. the Beauty import)")
-    p.add_argument("--out", required=True, help="folder for checkpoints and summary.json")
-    p.add_argument("--model-size", default="small")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--epochs", type=int, default=20)
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--batch-size", type=int, default=128)
-    p.add_argument("--patience", type=int, default=3)
-    p.add_argument("--beam-width", type=int, default=20)
-    p.add_argument("--device", default="auto")
-    p.add_argument("--threads", type=int, default=0)
-    p.add_argument("--quiet", action="store_true")
+    add_training_arguments(p, seeds=[0, 1, 2], beam_width=20)
     return p.parse_args(argv)
 
 
 def run_seed(args: argparse.Namespace, seed: int) -> dict:
     model_dir = Path(args.out) / f"{args.model_size}-seed{seed}"
-    cfg = TrainConfig(
-        model_size=args.model_size,
-        epochs=args.epochs,
-        lr=args.lr,
-        batch_size=args.batch_size,
-        patience=args.patience,
-        seed=seed,
-        device=args.device,
-        threads=args.threads,
-    )
+    cfg = train_config(args, seed)
     trained = train(args.data, model_dir, cfg, progress=not args.quiet)
     ctx, ds, _ = load_context(model_dir, None, args.device)
     outs = {}

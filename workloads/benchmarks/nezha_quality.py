@@ -25,10 +25,11 @@ from pathlib import Path
 
 import numpy as np
 
+from genrec.workloads.benchmarks.seeded_training import add_training_arguments, train_config
 from genrec.workloads.evaluation import EvalConfig, evaluate, load_context
 from genrec.workloads.io import atomic_write_text
 from genrec.workloads.metrics import paired_t_test_less
-from genrec.workloads.training.trainer import TrainConfig, train
+from genrec.workloads.training.trainer import train
 
 QUALITY = ("hr@5", "ndcg@5", "recall@5", "hr@10", "ndcg@10", "recall@10")
 # (arm, training objective, decoder, extra decoder params)
@@ -42,20 +43,9 @@ ARMS = (
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", required=True, help="dataset folder (e.g. the Beauty import)")
-    p.add_argument("--out", required=True, help="folder for checkpoints and summary.json")
-    p.add_argument("--model-size", default="small")
-    p.add_argument("--seeds", type=int, nargs="+", default=[42, 43, 44])
-    p.add_argument("--epochs", type=int, default=20)
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--batch-size", type=int, default=128)
-    p.add_argument("--patience", type=int, default=3)
-    p.add_argument("--beam-width", type=int, default=10)
+    add_training_arguments(p, seeds=[42, 43, 44], beam_width=10)
     p.add_argument("--eval-batch-size", type=int, default=64)
     p.add_argument("--max-users", type=int, default=0, help="0 = every test user")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--threads", type=int, default=0)
-    p.add_argument("--quiet", action="store_true")
     return p.parse_args(argv)
 
 
@@ -64,17 +54,7 @@ def run_seed(args: argparse.Namespace, seed: int) -> dict:
     checkpoints: dict[str, Path] = {}
     for objective in ("next_item", "nezha", "mtp"):
         model_dir = Path(args.out) / f"{args.model_size}-{objective}-seed{seed}"
-        cfg = TrainConfig(
-            model_size=args.model_size,
-            epochs=args.epochs,
-            lr=args.lr,
-            batch_size=args.batch_size,
-            patience=args.patience,
-            seed=seed,
-            device=args.device,
-            threads=args.threads,
-            objective=objective,
-        )
+        cfg = train_config(args, seed, objective)
         trained = train(args.data, model_dir, cfg, progress=not args.quiet)
         out["train"][objective] = {
             "seconds": trained.seconds,
