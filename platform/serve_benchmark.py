@@ -53,6 +53,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-rate", type=float, default=2000.0)
     p.add_argument("--refine-steps", type=int, default=3)
     p.add_argument("--repeats", type=int, default=1, help="alternate the arms this many times")
+    p.add_argument(
+        "--floors-only",
+        action="store_true",
+        help="only the floors: decoder alone (batch 1 vs max), plain uvicorn and Serve no-op latency",
+    )
     p.add_argument("--overhead-requests", type=int, default=200, help="low-load requests per arm")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--seed", type=int, default=0)
@@ -105,6 +110,43 @@ def noop_latency(url: str, n: int = 200) -> float:
     return statistics.median(times[n // 10 :])
 
 
+def plain_http_floor(n: int = 300) -> float:
+    """Median latency of a no-op FastAPI endpoint on plain uvicorn in this process (no Ray): what HTTP
+    itself costs on this machine, to set Serve's floor against."""
+    import socket
+    import threading
+
+    import uvicorn
+    from fastapi import FastAPI
+
+    from genrec.platform.serve.server import get_json
+
+    app = FastAPI()
+
+    @app.get("/noop")
+    async def noop() -> dict:
+        return {"ok": True}
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            time.sleep(0.05)
+        times = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            get_json(f"http://127.0.0.1:{port}/noop")
+            times.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(times[n // 10 :])
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
 def main(argv: list[str] | None = None) -> dict:
     a = parse_args(argv)
     cfg = ServeConfig(
@@ -128,6 +170,8 @@ def main(argv: list[str] | None = None) -> dict:
         f"{a.max_batch_size} {decoder_alone['batch_max_rps']:.0f} ({decoder_alone['ratio']:.2f}x)",
         flush=True,
     )
+    plain_floor = plain_http_floor()
+    print(f"plain uvicorn floor: no-op GET p50 {plain_floor:.2f} ms", flush=True)
     url = start_server(cfg, HttpSettings(port=a.port))
     out: dict = {
         "command": "python -m genrec.platform.serve_benchmark " + " ".join(argv or []),
@@ -138,6 +182,7 @@ def main(argv: list[str] | None = None) -> dict:
         "git_commit": git_commit(),
         "arms": {name: {"max_rates": [], "overhead_p50_ms": [], "searches": []} for name in arms},
         "decoder_alone": decoder_alone,
+        "plain_uvicorn_noop_p50_ms": plain_floor,
     }
     try:
         base = LoadConfig(
@@ -155,7 +200,7 @@ def main(argv: list[str] | None = None) -> dict:
         out["device"] = health.get("device")
         out["threads"] = health.get("threads")
         t0 = time.time()
-        for rep in range(a.repeats):
+        for rep in range(0 if a.floors_only else a.repeats):
             for name, live in arms.items():
                 reconfigure(cfg, **live)
                 ctx = run_context(a.experiment, name, dataset, {**health, **live})
@@ -201,7 +246,9 @@ def main(argv: list[str] | None = None) -> dict:
         stop_server(shutdown_ray=True)
     on = [r or 0.0 for r in out["arms"]["batching=on"]["max_rates"]]
     off = [r or 0.0 for r in out["arms"]["batching=off"]["max_rates"]]
-    out["ratio_on_over_off"] = statistics.median(on) / statistics.median(off) if min(off) > 0 else None
+    out["ratio_on_over_off"] = (
+        statistics.median(on) / statistics.median(off) if off and min(off) > 0 else None
+    )
     for name, arm in out["arms"].items():
         print(
             f"{name}: max rate under P99 <= {a.slo_ms:g} ms: {arm['max_rates']} req/s; "
