@@ -64,6 +64,7 @@ LIMITS = Limits(
     default_decoder="beam",
     constraint_sets={},
     unavailable_sets={"cold_start": "every catalogue item occurs in the training split"},
+    defaults={"beam": {"beam_width": 10, "k": 10}},
 )
 
 

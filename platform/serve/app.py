@@ -62,14 +62,14 @@ def _error(status: int, message: str) -> JSONResponse:
 
 def check_constraint_sets(host: DecoderHost, cfg: ServeConfig) -> tuple[dict[str, dict], dict[str, str]]:
     """Build every configured set once (so requests never pay for it); unbuildable ones are reported."""
+    from genrec.workloads.decoding.static import static_mask_for
+
     ok, unavailable = {}, {}
     for name, spec in cfg.constraint_sets.items():
+        values = spec.static_params()
         try:
-            _, params = host.resolve("static", spec.static_params())
-            from genrec.workloads.decoding.static import static_mask_for
-
-            static_mask_for(host.context, params)
-            ok[name] = spec.static_params()
+            static_mask_for(host.context, host.resolve("static", values)[1])
+            ok[name] = values
         except UserInputError as e:
             unavailable[name] = str(e)
     return ok, unavailable
@@ -121,6 +121,7 @@ class Recommender:
             default_decoder=self.cfg.decoders[0],
             constraint_sets=sets,
             unavailable_sets=unavailable,
+            defaults={name: vars(p).copy() for name, p in self.host.defaults.items()},
         )
         self.batching = self.cfg.batching
         self.request_timeout_s = self.cfg.request_timeout_s

@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -21,7 +20,7 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from genrec.platform.serve.requests import RequestError
+from genrec.platform.serve.requests import RequestError, describe_validation_error, load_json_body
 from genrec.workloads.errors import UserInputError
 from genrec.workloads.ranking.checkpoint import load_ranking
 from genrec.workloads.ranking.modes import MODES, RankingScorer, check_inputs
@@ -81,37 +80,6 @@ def _fields_of(loc: tuple) -> list[str]:
     return sorted(RankRequest.model_fields)
 
 
-def _field_errors(e: ValidationError) -> str:
-    errors = e.errors()
-    parts = []
-    for err in errors[:MAX_ERRORS]:
-        loc = ".".join(str(x) for x in err["loc"]) or "body"
-        if err["type"] == "extra_forbidden":
-            parts.append(f"unknown field `{loc}`; fields are {_fields_of(err['loc'])}")
-        elif err["type"] == "missing":
-            parts.append(f"`{loc}` is required")
-        else:
-            parts.append(f"`{loc}`: {err['msg']}")
-    if len(errors) > MAX_ERRORS:
-        parts.append(f"... and {len(errors) - MAX_ERRORS} more")
-    return "; ".join(parts)
-
-
-def _loads(body: bytes, limits: RankLimits) -> Any:
-    if len(body) > limits.max_body_bytes:
-        raise RequestError(
-            413,
-            f"request body is {len(body)} bytes; the limit is {limits.max_body_bytes} "
-            f"(ranking_max_candidates={limits.max_candidates} rows of this model's features)",
-        )
-    if not body.strip():
-        raise RequestError(400, f"empty request body; send JSON like {EXAMPLE}")
-    try:
-        return json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise RequestError(400, f"request body is not valid JSON ({e}); send JSON like {EXAMPLE}") from None
-
-
 def _tensor(name: str, rows: list) -> torch.Tensor:
     try:
         return torch.from_numpy(np.asarray(rows, dtype=np.float32))
@@ -129,13 +97,18 @@ def parse_rank(
 ) -> RankJob:
     """Body bytes -> RankJob. `check(user, items, cross)` is the model's shape check (`check_inputs`
     bound to the served model): it returns (profile, seq, items, cross) or raises UserInputError."""
-    raw = _loads(body, limits)
+    raw = load_json_body(
+        body,
+        limits.max_body_bytes,
+        EXAMPLE,
+        f" (ranking_max_candidates={limits.max_candidates} rows of this model's features)",
+    )
     if not isinstance(raw, dict):
         raise RequestError(400, f"request body must be a JSON object, got {type(raw).__name__}")
     try:
         req = RankRequest.model_validate(raw)
     except ValidationError as e:
-        raise RequestError(422, _field_errors(e)) from None
+        raise RequestError(422, describe_validation_error(e, _fields_of, MAX_ERRORS)) from None
 
     mode = req.mode if req.mode is not None else limits.default_mode
     if mode not in MODES:

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,43 +61,54 @@ class Limits:
     default_decoder: str
     constraint_sets: dict[str, dict[str, Any]]  # name -> static decoder params; missing: unavailable
     unavailable_sets: dict[str, str]  # name -> why it could not be built
+    defaults: dict[str, dict[str, Any]]  # each served decoder's default parameters (resolved at start)
 
 
-def _loads(body: bytes) -> Any:
-    if len(body) > MAX_BODY_BYTES:
-        raise RequestError(413, f"request body is {len(body)} bytes; the limit is {MAX_BODY_BYTES}")
+RECOMMEND_EXAMPLE = '{"history": [1, 2, 3], "k": 10}'
+
+
+def load_json_body(body: bytes, max_bytes: int, example: str, limit_note: str = "") -> Any:
+    """Raw body -> parsed JSON, or RequestError (413 too large, 400 empty or not JSON) showing `example`."""
+    if len(body) > max_bytes:
+        raise RequestError(413, f"request body is {len(body)} bytes; the limit is {max_bytes}{limit_note}")
     if not body.strip():
-        raise RequestError(400, 'empty request body; send JSON like {"history": [1, 2, 3], "k": 10}')
+        raise RequestError(400, f"empty request body; send JSON like {example}")
     try:
         return json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise RequestError(
-            400, f'request body is not valid JSON ({e}); send JSON like {{"history": [1, 2, 3], "k": 10}}'
-        ) from None
+        raise RequestError(400, f"request body is not valid JSON ({e}); send JSON like {example}") from None
 
 
-def _field_errors(e: ValidationError) -> str:
+def describe_validation_error(
+    e: ValidationError, fields_of: Callable[[tuple], list[str]], max_errors: int | None = None
+) -> str:
+    """One message naming each bad field; `fields_of(loc)` lists the valid names beside an unknown one."""
+    errors = e.errors()
     parts = []
-    for err in e.errors():
+    for err in errors[:max_errors]:
         loc = ".".join(str(x) for x in err["loc"]) or "body"
         if err["type"] == "extra_forbidden":
-            parts.append(f"unknown field `{loc}`; fields are {sorted(RecommendRequest.model_fields)}")
+            parts.append(f"unknown field `{loc}`; fields are {fields_of(err['loc'])}")
         elif err["type"] == "missing":
             parts.append(f"`{loc}` is required")
         else:
             parts.append(f"`{loc}`: {err['msg']}")
+    if max_errors is not None and len(errors) > max_errors:
+        parts.append(f"... and {len(errors) - max_errors} more")
     return "; ".join(parts)
 
 
 def parse_recommend(body: bytes, limits: Limits, resolve) -> RecommendJob:
     """Body bytes -> RecommendJob. `resolve(decoder, overrides) -> (name, Params)` checks parameters."""
-    raw = _loads(body)
+    raw = load_json_body(body, MAX_BODY_BYTES, RECOMMEND_EXAMPLE)
     if not isinstance(raw, dict):
         raise RequestError(400, f"request body must be a JSON object, got {type(raw).__name__}")
     try:
         req = RecommendRequest.model_validate(raw)
     except ValidationError as e:
-        raise RequestError(422, _field_errors(e)) from None
+        raise RequestError(
+            422, describe_validation_error(e, lambda loc: sorted(RecommendRequest.model_fields))
+        ) from None
 
     history, notes, truncated_from = list(req.history), [], 0
     if not history:
@@ -154,9 +166,8 @@ def parse_recommend(body: bytes, limits: Limits, resolve) -> RecommendJob:
     if req.beam_width is not None:
         overrides["beam_width"] = req.beam_width
     try:
-        name, params = resolve(decoder, {})
-        width = overrides.get("beam_width", getattr(params, "beam_width", None))
-        if req.beam_width is not None and width is None:
+        width = overrides.get("beam_width", limits.defaults[decoder].get("beam_width"))
+        if req.beam_width is not None and "beam_width" not in limits.defaults[decoder]:
             raise RequestError(422, f"`beam_width`: decoder {decoder!r} has no beam width; leave it out")
         if width is not None and req.k > width:
             raise RequestError(
