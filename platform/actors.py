@@ -85,7 +85,7 @@ class DecoderHost:
         self.ctx, self.ds, self.ckpt = load_context(cfg.model, cfg.data, cfg.device)
         self.decoders = {name: get_decoder(name) for name in cfg.decoders}
         # resolve defaults once: bad defaults fail at start, not on the first request
-        self.defaults = {name: self._params(name, cfg.defaults.get(name, {})) for name in cfg.decoders}
+        self.defaults = {name: self._params(name, {}, cfg.defaults.get(name, {})) for name in cfg.decoders}
         self.load_s = time.perf_counter() - t0
         self.warmup_s = self.warm_up()
 
@@ -120,8 +120,8 @@ class DecoderHost:
         return [f.name for f in fields(self.decoders[decoder].Params)]
 
     # ---- decoding --------------------------------------------------------------------------------
-    def _params(self, decoder: str, overrides: dict[str, Any]) -> Any:
-        base = vars(self.defaults[decoder]).copy() if hasattr(self, "defaults") else {}
+    def _params(self, decoder: str, base: dict[str, Any], overrides: dict[str, Any]) -> Any:
+        """Params from `base` values (the served defaults) updated by `overrides`."""
         values = {**base, **overrides}
         names = set(self.parameter_names(decoder))
         # a bigger k than the default beam would fail validation; widen the beam with it
@@ -137,7 +137,7 @@ class DecoderHost:
         name = decoder or self.cfg.decoders[0]
         if name not in self.decoders:
             raise UserInputError(f"decoder {name!r} is not served here; choose one of {list(self.decoders)}")
-        return name, self._params(name, overrides or {})
+        return name, self._params(name, vars(self.defaults[name]), overrides or {})
 
     def decode(
         self, histories: list[list[int]], decoder: str | None = None, params: Any | None = None
