@@ -107,6 +107,31 @@ def test_batched_head_search_equals_per_beam_reference(kind, variant, verify):
         assert all(pyset.contains(c) for user in ref for c, _ in user)
 
 
+@pytest.mark.parametrize(
+    "kind,variant",
+    [
+        ("nezha", "full"),
+        ("nezha", "no_context"),
+        ("nezha", "no_placeholder"),
+        ("nezha", "add"),
+        ("mtp", "full"),
+    ],
+)
+def test_beam_logits_equal_level_logits_on_states_repeated_per_beam(kind, variant):
+    sizes, users, beams = (7, 5, 6), 3, 4
+    head = random_head(kind, sizes, variant, seed=4)
+    gen = torch.Generator().manual_seed(5)
+    states = torch.randn(users, len(sizes) + 1, DIM, generator=gen)
+    s = torch.randn(users * beams, DIM, generator=gen) if head.config.kind == "nezha" else None
+    if kind == "nezha" and not head.config.use_context:
+        s = None
+    with torch.no_grad():
+        for level in range(len(sizes)):
+            fast = head.beam_logits(level, states, s, beams)
+            slow = head.level_logits(level, states.repeat_interleave(beams, dim=0), s)
+            torch.testing.assert_close(fast, slow.view(users, beams, -1), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("kind", ["nezha", "mtp"])
 def test_head_search_equals_exhaustive_search_when_beam_holds_every_prefix(kind):
     sizes = (3, 3, 2)  # 9 prefixes of length 2 and every level's codebook fit in a beam of 9
@@ -256,6 +281,9 @@ def test_nezha_training_lowers_head_loss_and_round_trips_the_head(nezha_model_di
     hist = ckpt.meta["history"]
     assert ckpt.meta["objective"] == "nezha" and len(hist) == 2
     assert hist[-1]["val_loss"] < hist[0]["val_loss"] and hist[-1]["train_loss"] < hist[0]["train_loss"]
+    for h in hist:  # the per-level parts add up to the recorded validation loss
+        assert len(h["val_level_loss"]) == 3 and sum(h["val_level_loss"]) == pytest.approx(h["val_loss"])
+    assert ckpt.meta["history_blind_val_loss"] > 0
     head = get_head(ckpt.model)
     assert head is not None and head.config.kind == "nezha" and head.config.codebook_sizes == (8, 8, 8)
     # the backbone's own state_dict has no head tensors (the HF bridge keeps working)
@@ -297,3 +325,29 @@ def test_train_config_rejects_unknown_objectives_and_misplaced_variants():
     with pytest.raises(UserInputError, match="needs --objective nezha"):
         TrainConfig(objective="mtp", head_variant="add").validate()
     TrainConfig(objective="nezha", head_variant="no_context").validate()
+
+
+def test_history_blind_loss_is_the_joint_or_the_summed_marginal_entropy():
+    from genrec.workloads.training.nezha_objective import history_blind_loss
+
+    def entropy(p):
+        p = np.asarray(p, dtype=float) / np.sum(p)
+        return float(-(p * np.log(p)).sum())
+
+    # level 2 is a function of level 1, so the joint carries no more information than level 1
+    codes = np.array([[0, 1], [0, 1], [1, 0], [2, 0], [2, 0], [2, 0]])
+    h1, h2 = entropy([2, 1, 3]), entropy([4, 2])
+    tiny = 1e-9  # (almost) no smoothing: evaluated on its own training targets, it is the entropy
+    nezha = HeadConfig("nezha", DIM, (3, 2))
+    assert history_blind_loss(nezha, codes, codes, tiny) == pytest.approx(h1)
+    assert history_blind_loss(HeadConfig("mtp", DIM, (3, 2)), codes, codes, tiny) == pytest.approx(h1 + h2)
+    nezha1 = HeadConfig.for_variant("nezha", DIM, (3, 2), "no_context")  # levels independent too
+    assert history_blind_loss(nezha1, codes, codes, tiny) == pytest.approx(h1 + h2)
+    # unseen validation SIDs get the smoothed probability alpha / (count + alpha * T), never zero
+    unseen = np.array([[1, 1]])
+    assert history_blind_loss(HeadConfig("mtp", DIM, (3, 2)), codes, unseen) == pytest.approx(
+        -np.log(1.5 / 7.5) - np.log(2.5 / 7)
+    )
+    assert history_blind_loss(nezha, codes, unseen) == pytest.approx(
+        -np.log(1.5 / 7.5) - np.log(0.5 / (1 + 0.5 * 2))
+    )

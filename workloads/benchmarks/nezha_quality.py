@@ -56,10 +56,17 @@ def run_seed(args: argparse.Namespace, seed: int) -> dict:
         model_dir = Path(args.out) / f"{args.model_size}-{objective}-seed{seed}"
         cfg = train_config(args, seed, objective)
         trained = train(args.data, model_dir, cfg, progress=not args.quiet)
+        best = next((h for h in trained.history if h["epoch"] == trained.best_epoch), {})
         out["train"][objective] = {
             "seconds": trained.seconds,
+            "steps": trained.steps,
             "best_epoch": trained.best_epoch,
             "best_val_loss": trained.best_val_loss,
+            # head objectives: per-level parts and the loss of a head that ignores the history
+            "best_val_level_loss": best.get("val_level_loss"),
+            "history_blind_val_loss": json.loads((model_dir / "config.json").read_text()).get(
+                "history_blind_val_loss"
+            ),
         }
         checkpoints[objective] = model_dir
     contexts = {}

@@ -131,17 +131,16 @@ def head_beam_search(
     for level in range(levels):
         t = codec.codebook_sizes[level]
         with timer.phase("draft"):
-            rows_states = states.repeat_interleave(w, dim=0) if w > 1 else states
-            lp = torch.log_softmax(head.level_logits(level, rows_states, s).float(), dim=-1).view(b, w, t)
-            child_keys = pkeys[:, :, None] * t + torch.arange(t, device=device)  # [B, w, t]
+            lp = torch.log_softmax(head.beam_logits(level, states, s, w).float(), dim=-1)  # [B, w, t]
         if verify == "every":
             with timer.phase("verify"):
+                child_keys = pkeys[:, :, None] * t + torch.arange(t, device=device)  # [B, w, t]
                 lp = lp.masked_fill(~prefixes.contains(level, child_keys), NEG_INF)
         with timer.phase("draft"):
             kk = min(k, t)
             top_lp, top_code = lp.topk(kk, dim=-1)  # each beam's top K codes: [B, w, kk]
             cand = (scores[:, :, None] + top_lp).view(b, w * kk)
-            cand_keys = child_keys.gather(2, top_code).view(b, w * kk)
+            cand_keys = (pkeys[:, :, None] * t + top_code).view(b, w * kk)  # mixed-radix prefix keys
         last = level == levels - 1
         if last:
             with timer.phase("verify"):

@@ -22,6 +22,7 @@ softmax(W_l h_0 + b_l); the levels are independent given the prompt.
 Both heads expose the same stepping interface so one batched beam search drives either:
     s = head.init_state(states)            states [N, L+1, D] (MTP reads only states[:, 0])
     logits = head.level_logits(l, states, s)
+    logits = head.beam_logits(l, states, s, w)   # w beams per user at once: [B, w, T_l]
     s = head.transition(l, s, codes)
 
 A head is attached to its backbone with `attach_head` (not registered as a submodule, so the
@@ -125,6 +126,24 @@ class NezhaHead(nn.Module):
         x = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
         return self.logit[level](x)
 
+    def beam_logits(self, level: int, states: Tensor, s: Tensor | None, beams: int) -> Tensor:
+        """level_logits for `beams` beams per user at once: [B, beams, T] (s is [B * beams, D]).
+
+        Equal to level_logits on states repeated per beam, but the placeholder term W_h h_l is
+        computed once per user and broadcast over its beams (the linear layer over the concatenation
+        splits into W_h h_l + W_s s_l), which saves a copy of the states and half the products.
+        """
+        layer, b = self.logit[level], states.shape[0]
+        d = self.config.dim
+        if not self.config.use_context:  # NEZHA-1: the same logits for every beam of a user
+            return layer(states[:, level + 1])[:, None].expand(b, beams, -1)
+        if not self.config.use_placeholder:  # NEZHA-2
+            return layer(s).view(b, beams, -1)
+        w_h, w_s = layer.weight[:, :d], layer.weight[:, d:]
+        placeholder = F.linear(states[:, level + 1], w_h, layer.bias)  # [B, T]
+        context = F.linear(s, w_s).view(b, beams, -1)
+        return context + placeholder[:, None]
+
     def transition(self, level: int, s: Tensor | None, codes: Tensor) -> Tensor | None:
         """s_{l+1} from s_l and the chosen level-`level` codes [N] (0-based level)."""
         if not self.config.use_context:
@@ -153,6 +172,10 @@ class MTPHead(nn.Module):
     def level_logits(self, level: int, states: Tensor, s: None) -> Tensor:
         return self.logit[level](states[:, 0])
 
+    def beam_logits(self, level: int, states: Tensor, s: None, beams: int) -> Tensor:
+        """[B, beams, T]: the heads read only h_0, so every beam of a user gets the same logits."""
+        return self.level_logits(level, states, s)[:, None].expand(-1, beams, -1)
+
     def transition(self, level: int, s: None, codes: Tensor) -> None:
         return None
 
@@ -177,10 +200,15 @@ def teacher_forced_logits(head: DraftHead, states: Tensor, codes: Tensor) -> lis
     return out
 
 
+def head_level_losses(head: DraftHead, states: Tensor, codes: Tensor) -> Tensor:
+    """[L]: each level's cross-entropy of the true code (teacher forcing), averaged over examples."""
+    logits = head(states, codes)
+    return torch.stack([F.cross_entropy(lg.float(), codes[:, l]) for l, lg in enumerate(logits)])
+
+
 def head_loss(head: DraftHead, states: Tensor, codes: Tensor) -> Tensor:
     """Eq. 6: cross-entropy of the true code, summed over levels, averaged over examples."""
-    logits = head(states, codes)
-    return sum(F.cross_entropy(lg.float(), codes[:, l]) for l, lg in enumerate(logits))
+    return head_level_losses(head, states, codes).sum()
 
 
 def sid_log_prob(head: DraftHead, states: Tensor, codes: Tensor) -> Tensor:

@@ -12,6 +12,12 @@ search on it is meaningless; compare against a separate next-item model trained 
 initialisation (same seed), data and epoch budget.
 
 MTP uses the same examples without placeholders: L parallel heads on the last history state.
+
+`history_blind_loss` is the validation loss of a predictor that ignores the history and only
+counts the training targets, in the head's own factorisation: p(c_l | c_<l) for a head whose levels
+condition on earlier codes (NEZHA), p(c_l) for heads whose levels are independent given the prompt
+(MTP, NEZHA-1). A head whose validation loss is not below that figure has learned nothing from the
+history. Training records it beside the per-level validation losses.
 """
 
 from __future__ import annotations
@@ -27,13 +33,52 @@ from genrec.workloads.models.nezha_head import (
     HeadConfig,
     append_placeholders,
     build_head,
-    head_loss,
+    head_level_losses,
     head_states,
 )
 from genrec.workloads.models.transformer import GRTransformer
 from genrec.workloads.sid_codec import SIDCodec
 
 HEAD_OBJECTIVES = ("nezha", "mtp")
+
+
+def _radix_keys(codes: np.ndarray, sizes: Sequence[int]) -> np.ndarray:
+    """Mixed-radix integer of each row of codes [N, k] (codes[:, j] < sizes[j])."""
+    keys = np.zeros(len(codes), dtype=np.int64)
+    for j in range(codes.shape[1]):
+        keys = keys * int(sizes[j]) + codes[:, j]
+    return keys
+
+
+def _count_of(table_keys: np.ndarray, table_counts: np.ndarray, queries: np.ndarray) -> np.ndarray:
+    pos = np.searchsorted(table_keys, queries).clip(max=max(len(table_keys) - 1, 0))
+    hit = table_keys[pos] == queries if len(table_keys) else np.zeros(len(queries), dtype=bool)
+    return np.where(hit, table_counts[pos] if len(table_keys) else 0, 0)
+
+
+def history_blind_loss(
+    config: HeadConfig, train_codes: np.ndarray, val_codes: np.ndarray, alpha: float = 0.5
+) -> float:
+    """Eq. 6's loss on val_codes of the best history-free predictor of the head's factorisation.
+
+    The predictor is fit on train_codes by counting, with add-alpha smoothing over each level's T_l
+    codes: p(c_l | c_<l) for heads whose levels condition on earlier codes (NEZHA), p(c_l) for heads
+    whose levels are independent given the prompt (MTP, NEZHA-1). Returns nats per SID.
+    """
+    train_codes, val_codes = np.asarray(train_codes, np.int64), np.asarray(val_codes, np.int64)
+    sizes, n_levels = config.codebook_sizes, len(config.codebook_sizes)
+    independent = config.kind == "mtp" or not config.use_context
+    total = 0.0
+    for l in range(n_levels):
+        lo = l if independent else 0  # the codes a level's prediction may depend on: none, or c_<l
+        ctx_train = _radix_keys(train_codes[:, lo:l], sizes[lo:l])
+        pair_keys, pair_counts = np.unique(ctx_train * sizes[l] + train_codes[:, l], return_counts=True)
+        ctx_keys, ctx_counts = np.unique(ctx_train, return_counts=True)
+        ctx_val = _radix_keys(val_codes[:, lo:l], sizes[lo:l])
+        n_pair = _count_of(pair_keys, pair_counts, ctx_val * sizes[l] + val_codes[:, l])
+        n_ctx = _count_of(ctx_keys, ctx_counts, ctx_val)
+        total += float(-np.log((n_pair + alpha) / (n_ctx + alpha * sizes[l])).mean())
+    return total
 
 
 def head_examples(sequences: Sequence[Sequence[int]], max_items: int) -> list[tuple[list[int], int]]:
@@ -85,22 +130,29 @@ class HeadObjective:
             hidden = self.model.hidden_states(tokens, mask)
         return head_states(hidden, self.config).float()
 
-    def batch_loss(self, pairs: Sequence[tuple[list[int], int]]) -> torch.Tensor:
+    def level_losses(self, pairs: Sequence[tuple[list[int], int]]) -> torch.Tensor:
         histories = [h for h, _ in pairs]
         targets = torch.as_tensor([t for _, t in pairs], dtype=torch.long)
         codes = self.item_codes[targets].to(self.device)
-        return head_loss(self.head, self.states(histories), codes)
+        return head_level_losses(self.head, self.states(histories), codes)
 
     def loss(self, batch_idx: np.ndarray) -> torch.Tensor:
-        return self.batch_loss([self.examples[i] for i in batch_idx])
+        return self.level_losses([self.examples[i] for i in batch_idx]).sum()
 
     @torch.no_grad()
-    def val_loss(self, batch_size: int) -> float:
+    def val_losses(self, batch_size: int) -> tuple[float, list[float]]:
+        """(validation loss, its per-level parts), averaged over the validation examples."""
         self.trainable.eval()
-        total, n = 0.0, 0
+        total, n = torch.zeros(self.codec.levels), 0
         for i in range(0, len(self.val_examples), batch_size):
             chunk = self.val_examples[i : i + batch_size]
-            total += self.batch_loss(chunk).item() * len(chunk)
+            total += self.level_losses(chunk).float().cpu() * len(chunk)
             n += len(chunk)
         self.trainable.train()
-        return total / n
+        levels = (total / n).tolist()
+        return float(sum(levels)), levels
+
+    def history_blind_val_loss(self) -> float:
+        train = self.item_codes[[t for _, t in self.examples]].numpy()
+        val = self.item_codes[[t for _, t in self.val_examples]].numpy()
+        return history_blind_loss(self.config, train, val)

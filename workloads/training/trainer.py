@@ -227,6 +227,8 @@ def train(
         "objective": cfg.objective,
         "num_parameters": sum(p.numel() for p in trainable.parameters()),
     }
+    if objective is not None:
+        meta["history_blind_val_loss"] = objective.history_blind_val_loss()
     best = (float("inf"), -1)
     history: list[dict] = []
     step, bad_epochs, t0 = 0, 0, time.perf_counter()
@@ -263,12 +265,14 @@ def train(
                 )
             if cfg.max_steps and step >= cfg.max_steps:
                 break
+        record = {"epoch": epoch, "train_loss": running / max(count, 1)}
         if objective is None:
             val = validation_loss(model, val_windows, item_tokens, cfg, device, autocast)
-        else:
-            val = objective.val_loss(cfg.batch_size)
-        history.append({"epoch": epoch, "train_loss": running / max(count, 1), "val_loss": val, "step": step})
-        bar.write(f"epoch {epoch}: train loss {running / max(count, 1):.4f}  val loss {val:.4f}")
+        else:  # per-level parts too: they show which levels a draft head has learned
+            val, record["val_level_loss"] = objective.val_losses(cfg.batch_size)
+        history.append(record | {"val_loss": val, "step": step})
+        blind = f" (history-blind {meta['history_blind_val_loss']:.4f})" if objective is not None else ""
+        bar.write(f"epoch {epoch}: train loss {running / max(count, 1):.4f}  val loss {val:.4f}{blind}")
         if val < best[0] - 1e-4:
             best, bad_epochs = (val, epoch), 0
             meta.update(best_val_loss=val, best_epoch=epoch, history=history)
