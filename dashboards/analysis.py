@@ -23,7 +23,7 @@ CONTEXT_COLUMNS = ("experiment", "dataset", "model", "split", "device", "threads
 QUALITY_RE = re.compile(r"^(?P<family>[A-Za-z_]+)@(?P<k>\d+)$")
 QUALITY_FAMILY_ORDER = ("hr", "ndcg", "recall")
 _METRIC_PREFIXES = ("latency_", "time_", "count_")
-_METRIC_NAMES = ("invalid_rate", "throughput_users_per_s", "memory_peak_mb")
+_METRIC_NAMES = ("invalid_rate", "missing_rate", "throughput_users_per_s", "memory_peak_mb")
 
 
 def is_missing(value: object) -> bool:

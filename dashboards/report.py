@@ -507,7 +507,8 @@ def front_table(front: pd.DataFrame, metric: str, latency_col: str, latency_name
 
 
 def configurations_table(agg: pd.DataFrame, qcols: list[str]) -> str:
-    extra = [c for c in ("invalid_rate", *_latency_cols(agg), "throughput_users_per_s") if c in agg.columns]
+    rates = ("invalid_rate", "missing_rate")
+    extra = [c for c in (*rates, *_latency_cols(agg), "throughput_users_per_s") if c in agg.columns]
     headers = ["decoder", "parameters", "seeds", *qcols, *extra]
     rows = []
     for _, r in agg.iterrows():
@@ -518,7 +519,7 @@ def configurations_table(agg: pd.DataFrame, qcols: list[str]) -> str:
         ]
         cells += [fmt_mean_std(r[c], r[f"{c}_std"]) for c in qcols]
         for c in extra:
-            digits = 4 if c == "invalid_rate" else 2 if c.startswith("latency_") else 1
+            digits = 4 if c in rates else 2 if c.startswith("latency_") else 1
             cells.append(fmt_mean_std(r[c], r[f"{c}_std"], digits))
         rows.append(cells)
     return html_table(headers, rows, "configs")

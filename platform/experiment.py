@@ -42,6 +42,7 @@ from genrec.workloads.errors import UserInputError
 QUALITY_METRICS = ("hr", "ndcg", "recall")
 OTHER_METRICS = (
     "invalid_rate",
+    "missing_rate",
     "latency_mean_ms",
     "latency_p50_ms",
     "latency_p90_ms",

@@ -379,6 +379,22 @@ def test_static_step_benchmark_smoke(tmp_path):
     assert res["within_u_max"] and res["live_updates"]["updates"] == 10
 
 
+def test_static_ratios_compare_whole_steps_and_overheads_over_unconstrained():
+    from genrec.workloads.benchmarks.static_step import add_static_ratios, summary_table
+
+    def row(backend, step, base=1.0):
+        return {"backend": backend, "step_ms_median": step, "overhead_ms": step - base}
+
+    rows = [row("unconstrained", 1.0), row("static_torch", 1.5), row("cpu_trie", 3.0), row("ppv_exact", 11.0)]
+    add_static_ratios(rows)
+    by = {r["backend"]: r for r in rows}
+    assert by["cpu_trie"]["speedup_of_static_torch"] == pytest.approx(2.0)
+    assert by["cpu_trie"]["overhead_vs_static_torch"] == pytest.approx(4.0)  # 2.0 / 0.5 ms
+    assert by["ppv_exact"]["overhead_vs_static_torch"] == pytest.approx(20.0)
+    assert "overhead_vs_static_torch" not in by["unconstrained"]
+    assert "20.0x" in summary_table([{"set_size": 10, "rows": rows}])
+
+
 def test_first_seen_rank_orders_items_by_first_interaction():
     import pandas as pd
 

@@ -44,6 +44,17 @@ def test_eval_reports_invalid_rate_against_the_catalogue(tiny_model_dir):
     assert all(i < 20 for r in out.ranked for i in r)
 
 
+def test_eval_counts_missing_slots_apart_from_invalid_ones(tiny_model_dir):
+    from genrec.workloads.decoding import static as _static  # noqa: F401  (registers the decoder)
+
+    ctx, ds, _ = load_context(tiny_model_dir, None, "cpu")
+    # 3 allowed items but k = 10: STATIC returns 3 valid items per user and flags 7 slots missing
+    params = {"beam_width": 10, "constraint": "random", "constraint_size": 3}
+    row = evaluate(ctx, ds, EvalConfig(decoder="static", params=params, max_users=8), progress=False).row
+    assert row.quality["invalid_rate"] == 0.0
+    assert row.quality["missing_rate"] == pytest.approx(0.7)
+
+
 def test_learning_rate_schedule_warms_up_then_decays():
     cfg = TrainConfig(warmup_steps=10, min_lr_ratio=0.1)
     lrs = [lr_at(s, 100, cfg) for s in range(100)]

@@ -1,8 +1,8 @@
 """`genrec eval`: run a registered decoder over a split and produce a result row.
 
-Quality (HR/NDCG/Recall@K, invalid-SID rate) over every evaluated user; latency per batch after
-warm-up batches that are decoded but not timed. The same function evaluates the most-popular
-baseline, so it is measured exactly like the model decoders.
+Quality (HR/NDCG/Recall@K, the shares of invalid and of missing SIDs) over every evaluated user;
+latency per batch after warm-up batches that are decoded but not timed. The same function
+evaluates the most-popular baseline, so it is measured exactly like the model decoders.
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ def evaluate(
     for batch in batches[: cfg.warmup_batches]:  # warm-up: allocator, kernels, caches; not timed
         decoder.decode(ctx, [ex.history for ex in batch], params)
 
-    ranked, valid_flags, latencies = [], [], []
+    ranked, valid_flags, missing_flags, latencies = [], [], [], []
     phase_totals: dict[str, float] = {}
     counter_totals: dict[str, float] = {}
     t_start = time.perf_counter()
@@ -121,6 +121,8 @@ def evaluate(
         latencies.append((time.perf_counter_ns() - t0) / 1e6)
         ranked += res.item_ids.cpu().tolist()
         valid_flags.append(res.valid.cpu().numpy().reshape(-1))
+        # a slot with score -inf holds no SID (e.g. STATIC found fewer valid completions than k)
+        missing_flags.append((~torch.isfinite(res.scores)).cpu().numpy().reshape(-1))
         for k, v in res.timings_ms.items():
             phase_totals[k] = phase_totals.get(k, 0.0) + v
         for k, v in res.counters.items():
@@ -129,7 +131,10 @@ def evaluate(
 
     targets = [ex.targets for ex in examples]
     quality = ranking_metrics(ranked, targets, cfg.ks)
-    quality["invalid_rate"] = float(1 - np.concatenate(valid_flags).mean())
+    valid, missing = np.concatenate(valid_flags), np.concatenate(missing_flags)
+    # shares of all returned slots: invalid = an SID outside the catalogue, missing = no SID at all
+    quality["invalid_rate"] = float((~valid & ~missing).mean())
+    quality["missing_rate"] = float(missing.mean())
     row = ResultRow(
         decoder=cfg.decoder,
         decoder_params=vars(params).copy(),
@@ -153,7 +158,8 @@ def evaluate(
 
 def format_table(rows: list[ResultRow], ks: tuple[int, ...]) -> str:
     """A plain-text table of quality and latency, one line per result row."""
-    metric_cols = [f"{m}@{k}" for k in ks for m in ("hr", "ndcg", "recall")] + ["invalid_rate"]
+    rates = ["invalid_rate", "missing_rate"]
+    metric_cols = [f"{m}@{k}" for k in ks for m in ("hr", "ndcg", "recall")] + rates
     header = ["decoder", "params", *metric_cols, "p50 ms", "p99 ms", "users/s"]
     lines = []
     for r in rows:

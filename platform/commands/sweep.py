@@ -22,6 +22,7 @@ DEFAULT_COLUMNS = (
     "ndcg@*",
     "recall@*",
     "invalid_rate",
+    "missing_rate",
     "latency_p50_ms",
     "latency_p99_ms",
     "throughput_users_per_s",

@@ -105,7 +105,8 @@ def summarise(runs: list[dict]) -> tuple[str, dict]:
         for m in QUALITY:
             v = np.array([r["arms"][arm]["quality"][m] for r in runs])
             cells.append(f"{v.mean():.4f} ± {v.std(ddof=1) if len(v) > 1 else 0:.4f}")
-        valid = np.mean([1 - r["arms"][arm]["quality"]["invalid_rate"] for r in runs])
+        q = [r["arms"][arm]["quality"] for r in runs]
+        valid = np.mean([1 - x["invalid_rate"] - x.get("missing_rate", 0.0) for x in q])
         t = [r["arms"][arm]["timings_ms"] for r in runs]
         prefill = np.mean([x.get("prefill", 0.0) for x in t])
         decode = np.mean([sum(v for k, v in x.items() if k not in ("prefill", "system")) for x in t])
