@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from genrec.workloads.benchmarks.mari_matmul import fragmented_point, matmul_point
 from genrec.workloads.benchmarks.mari_model import model_point
+from genrec.workloads.benchmarks.nezha_arms import ARMS, arm_point
 from genrec.workloads.benchmarks.static_point import KERNELS, SCALING_BACKENDS, branch_point, scaling_point
 from genrec.workloads.errors import UserInputError
 
@@ -85,6 +86,14 @@ def _static_check(size: str, choices: tuple[str, str, tuple[str, ...]]) -> Calla
     return check
 
 
+def _nezha_check(params: dict) -> None:
+    _positive("epochs", "batch_size", "beam_width", "eval_batch_size", zero_ok=("max_steps", "max_users"))(
+        params
+    )
+    if params.get("arm") not in ARMS:
+        raise UserInputError(f"arm must be one of {list(ARMS)}, got {params.get('arm')!r}")
+
+
 BENCHMARKS: dict[str, Benchmark] = {
     b.name: b
     for b in (
@@ -131,6 +140,24 @@ BENCHMARKS: dict[str, Benchmark] = {
             ),
             "the trained ranking model in VanI / UOI / MaRI on one request of B candidates",
             _positive(*_INTS, "experts", "tasks", "seq_len", zero_ok=("d_cross", "warmup", "train_steps")),
+        ),
+        Benchmark(
+            "nezha_arm",
+            arm_point,
+            (
+                "hr@10",
+                "ndcg@10",
+                "hr@5",
+                "ndcg@5",
+                "valid_share",
+                "drafts_valid_share",
+                "latency_p50_ms",
+                "prefill_ms",
+                "decode_ms",
+                "train_seconds",
+            ),
+            "one arm of the NEZHA comparison (beam, nezha, nezha-1..4, mtp): train for a seed, then evaluate",
+            _nezha_check,
         ),
         Benchmark(
             "static_scaling",

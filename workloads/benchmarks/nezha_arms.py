@@ -1,0 +1,163 @@
+"""One arm of issue 6's comparison as a registry benchmark (`benchmark: nezha_arm`).
+
+An arm is a training objective (and NEZHA head variant) plus a decoder:
+
+    beam      next_item checkpoint, beam search
+    nezha     NEZHA head, final verification (the paper's NEZHA)
+    nezha-1   head without the context state (no_context), final verification
+    nezha-2   head without the placeholder states (no_placeholder), final verification
+    nezha-3   addition instead of the RNN transition (add), final verification
+    nezha-4   the nezha checkpoint, no verification
+    mtp       parallel heads (MTP), final verification
+
+`arm_point(arm, seed, ...)` trains the arm's checkpoint for that seed (or reuses one already trained
+with the same configuration: nezha and nezha-4 share theirs), evaluates it on the test split and
+returns the quality, validity, latency (prefill / decode) and training figures. Every arm of one seed
+is trained from the same seed, data, size and epoch budget (seeded_training's rule). The sweep runs
+one trial per (arm, seed); the report page (dashboards/nezha.py) averages over seeds and runs the
+paired one-sided t-tests. Pure workloads code (no ray): also runs on a plain GPU machine.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from genrec.workloads.errors import UserInputError
+from genrec.workloads.training.trainer import TrainConfig
+
+
+@dataclass(frozen=True)
+class Arm:
+    objective: str  # next_item | nezha | mtp
+    head_variant: str  # full | no_context | no_placeholder | add
+    decoder: str  # beam | nezha | mtp
+    verify: str | None  # final | none for head decoders; None for beam search
+
+
+ARMS: dict[str, Arm] = {
+    "beam": Arm("next_item", "full", "beam", None),
+    "nezha": Arm("nezha", "full", "nezha", "final"),
+    "nezha-1": Arm("nezha", "no_context", "nezha", "final"),
+    "nezha-2": Arm("nezha", "no_placeholder", "nezha", "final"),
+    "nezha-3": Arm("nezha", "add", "nezha", "final"),
+    "nezha-4": Arm("nezha", "full", "nezha", "none"),
+    "mtp": Arm("mtp", "full", "mtp", "final"),
+}
+QUALITY_KEYS = ("hr@5", "ndcg@5", "recall@5", "hr@10", "ndcg@10", "recall@10")
+
+
+def checkpoint_dir(models_dir: str | Path, data: str | Path, cfg: TrainConfig) -> Path:
+    """Where the arm's checkpoint lives: named by objective, variant and seed, plus a hash of the
+    dataset path and the whole training configuration (a changed budget never reuses a stale one)."""
+    key = json.dumps({"data": str(Path(data).resolve()), **asdict(cfg)}, sort_keys=True)
+    digest = hashlib.sha256(key.encode()).hexdigest()[:10]
+    variant = "" if cfg.head_variant == "full" else f"-{cfg.head_variant}"
+    return Path(models_dir) / f"{cfg.model_size}-{cfg.objective}{variant}-seed{cfg.seed}-{digest}"
+
+
+def _finished(model_dir: Path) -> bool:
+    """Training writes train_seconds into config.json after its last epoch."""
+    config = model_dir / "config.json"
+    return config.exists() and "train_seconds" in json.loads(config.read_text())
+
+
+def ensure_trained(data: str | Path, model_dir: Path, cfg: TrainConfig, progress: bool = False) -> dict:
+    """Train into model_dir unless a finished checkpoint is there; returns its config.json.
+
+    A file lock makes concurrent trials that need the same checkpoint (nezha and nezha-4) train it
+    once: the second waits, then finds it finished."""
+    from genrec.workloads.training.trainer import train
+
+    model_dir.parent.mkdir(parents=True, exist_ok=True)
+    with open(model_dir.parent / f"{model_dir.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not _finished(model_dir):
+            train(data, model_dir, cfg, progress=progress)
+    return json.loads((model_dir / "config.json").read_text())
+
+
+def arm_point(
+    arm: str,
+    data: str = "runs/data/synth",
+    models_dir: str = "runs/models/nezha_arms",
+    model_size: str = "tiny",
+    epochs: int = 8,
+    lr: float = 3e-3,
+    batch_size: int = 128,
+    patience: int = 3,
+    max_steps: int = 0,
+    beam_width: int = 10,
+    eval_batch_size: int = 32,
+    max_users: int = 0,
+    seed: int = 42,
+    threads: int = 1,
+    device: str = "cpu",
+) -> dict:
+    """Train (or reuse) the arm's checkpoint for `seed` and evaluate it on the test split."""
+    from genrec.workloads.decoding import mtp as _mtp  # noqa: F401  (registers nezha and mtp)
+    from genrec.workloads.evaluation import EvalConfig, evaluate, load_context
+
+    if arm not in ARMS:
+        raise UserInputError(f"arm must be one of {list(ARMS)}, got {arm!r}")
+    spec = ARMS[arm]
+    cfg = TrainConfig(
+        model_size=model_size,
+        epochs=epochs,
+        lr=lr,
+        batch_size=batch_size,
+        patience=patience,
+        max_steps=max_steps,
+        seed=seed,
+        device=device,
+        threads=threads,
+        objective=spec.objective,
+        head_variant=spec.head_variant,
+    )
+    cfg.validate()
+    model_dir = checkpoint_dir(models_dir, data, cfg)
+    meta = ensure_trained(data, model_dir, cfg)
+    ctx, ds, _ = load_context(model_dir, data, device)
+    params: dict = {"beam_width": beam_width, "k": 10}
+    if spec.verify is not None:
+        params["verify"] = spec.verify
+    ec = EvalConfig(
+        decoder=spec.decoder,
+        params=params,
+        ks=(5, 10),
+        batch_size=eval_batch_size,
+        max_users=max_users,
+        seed=seed,
+        device=device,
+        threads=threads,
+    )
+    row = evaluate(ctx, ds, ec, model_dir.name, progress=False).row
+    q, timings, counters = row.quality, row.timings_ms, row.counters
+    candidates = counters.get("candidates", 0.0)
+    out = {k: q[k] for k in QUALITY_KEYS}
+    out |= {
+        "invalid_rate": q["invalid_rate"],
+        "missing_rate": q.get("missing_rate", 0.0),
+        "valid_share": 1.0 - q["invalid_rate"] - q.get("missing_rate", 0.0),
+        # head decoders: share of the unverified top-K drafts that are items (NEZHA-4's list)
+        "drafts_valid_share": counters["drafts_valid"] / candidates if candidates else float("nan"),
+        "latency_p50_ms": row.latency_ms["p50"],
+        "latency_p99_ms": row.latency_ms["p99"],
+        "prefill_ms": timings.get("prefill", 0.0),
+        "decode_ms": timings.get(
+            "decode", 0.0
+        ),  # beam steps, or NEZHA's draft + verify (the paper's LT split)
+        "verify_ms": timings.get("verify", 0.0),
+        "users": row.users,
+        "dataset_name": ds.manifest.name,
+        "model_dir": str(model_dir),
+        "train_seconds": meta.get("train_seconds", float("nan")),
+        "train_steps": meta.get("steps", 0),
+        "best_epoch": meta.get("best_epoch", 0),
+        "best_val_loss": meta.get("best_val_loss", float("nan")),
+        "history_blind_val_loss": meta.get("history_blind_val_loss", float("nan")),
+    }
+    return out
