@@ -347,6 +347,12 @@ def resolve_paths(cfg: ExperimentConfig, base: Path) -> None:
         cfg.model.checkpoint = absolute(cfg.model.checkpoint)
     if cfg.model.train is not None:
         cfg.model.train.out = absolute(cfg.model.train.out)
+    if cfg.benchmark is not None:  # a benchmark's path arguments (trials run in another directory)
+        from genrec.workloads.benchmarks.registry import BENCHMARKS
+
+        for name in getattr(BENCHMARKS.get(cfg.benchmark), "path_params", ()):
+            if isinstance(cfg.params.get(name), str):
+                cfg.params[name] = str(absolute(Path(cfg.params[name])))
     cfg.tracking.results_dir = absolute(cfg.tracking.results_dir)
     if cfg.tracking.storage_path is not None:
         cfg.tracking.storage_path = absolute(cfg.tracking.storage_path)

@@ -43,6 +43,9 @@ class Benchmark:
     metrics: tuple[str, ...]  # numeric outputs an experiment may optimise / plot
     description: str
     check: Callable[[dict], None] = field(default=lambda params: None)
+    # string parameters that are file paths: an experiment file's relative ones resolve against its
+    # base directory before trials start (Tune runs trials in their own working directories)
+    path_params: tuple[str, ...] = ()
 
     def parameters(self) -> dict[str, inspect.Parameter]:
         return dict(inspect.signature(self.fn).parameters)
@@ -158,6 +161,7 @@ BENCHMARKS: dict[str, Benchmark] = {
             ),
             "one arm of the NEZHA comparison (beam, nezha, nezha-1..4, mtp): train for a seed, then evaluate",
             _nezha_check,
+            path_params=("data", "models_dir"),
         ),
         Benchmark(
             "static_scaling",
