@@ -1,0 +1,117 @@
+"""Issue 6's comparison as a benchmark: one arm per trial, shared checkpoints, the report page's tests."""
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from genrec.workloads.benchmarks.nezha_arms import ARMS, arm_point, checkpoint_dir
+from genrec.workloads.benchmarks.registry import get_benchmark
+from genrec.workloads.errors import UserInputError
+from genrec.workloads.metrics import paired_t_test_less
+from genrec.workloads.training.trainer import TrainConfig
+
+QUICK = {"epochs": 1, "max_steps": 4, "batch_size": 32, "max_users": 16, "eval_batch_size": 8}
+
+
+def test_arms_share_a_checkpoint_only_when_they_train_the_same_way(synth_dir, tmp_path):
+    models = tmp_path / "models"
+    nezha4 = arm_point("nezha-4", data=str(synth_dir), models_dir=str(models), seed=7, **QUICK)
+    nezha = arm_point("nezha", data=str(synth_dir), models_dir=str(models), seed=7, **QUICK)
+    beam = arm_point("beam", data=str(synth_dir), models_dir=str(models), seed=7, **QUICK)
+    assert nezha["model_dir"] == nezha4["model_dir"] != beam["model_dir"]
+    assert len([p for p in models.iterdir() if p.is_dir()]) == 2  # nezha-4 trained it, nezha reused it
+    # same checkpoint, same drafts: verification can only drop SIDs that are not items
+    assert nezha["drafts_valid_share"] == pytest.approx(nezha4["drafts_valid_share"])
+    assert nezha["invalid_rate"] == 0.0
+    unverified = nezha4["invalid_rate"] + nezha4["missing_rate"]
+    assert unverified == pytest.approx(1 - nezha4["drafts_valid_share"])
+    assert math.isnan(beam["drafts_valid_share"]) and math.isnan(beam["history_blind_val_loss"])
+    for row in (nezha, beam):
+        assert row["users"] == 16 and row["train_steps"] == 4 and row["latency_p50_ms"] > 0
+        assert 0 <= row["hr@5"] <= row["hr@10"] <= 1 and row["prefill_ms"] > 0 and row["decode_ms"] > 0
+    assert nezha["history_blind_val_loss"] > 0  # head objectives record their reference loss
+
+
+def test_checkpoint_names_change_with_the_training_configuration(tmp_path):
+    base = TrainConfig(model_size="tiny", epochs=8, seed=42, objective="nezha")
+    same = checkpoint_dir(tmp_path, "data", TrainConfig(**vars(base)))
+    assert checkpoint_dir(tmp_path, "data", base) == same
+    for changed in (
+        TrainConfig(**{**vars(base), "epochs": 9}),
+        TrainConfig(**{**vars(base), "head_variant": "add"}),
+        TrainConfig(**{**vars(base), "seed": 43}),
+    ):
+        assert checkpoint_dir(tmp_path, "data", changed) != same
+    assert checkpoint_dir(tmp_path, "other-data", base) != same
+
+
+def test_unknown_arms_and_bad_budgets_are_rejected():
+    bench = get_benchmark("nezha_arm")
+    with pytest.raises(UserInputError, match="arm must be one of"):
+        bench.check({"arm": "medusa"})
+    with pytest.raises(UserInputError, match="epochs"):
+        bench.check({"arm": "beam", "epochs": 0})
+    assert set(ARMS) == {"beam", "nezha", "nezha-1", "nezha-2", "nezha-3", "nezha-4", "mtp"}
+
+
+def test_shipped_arm_experiment_resolves_its_paths_against_the_repository():
+    from genrec.platform.experiment import load_experiment
+
+    repo = Path(__file__).resolve().parents[1]
+    cfg = load_experiment(repo / "experiments" / "nezha_vs_beam.yaml", base_dir=repo, check_files=False)
+    assert Path(cfg.params["data"]).is_absolute() and cfg.params["data"].endswith("runs/data/synth")
+    assert Path(cfg.params["models_dir"]).is_absolute()
+    assert cfg.num_trials() == 7 * 3
+
+
+def fake_rows(seeds=(42, 43, 44)):
+    rng = np.random.default_rng(0)
+    rows = []
+    for arm, level in (("beam", 0.30), ("nezha", 0.31), ("mtp", 0.10)):
+        for s in seeds:
+            q = level + rng.normal(0, 0.01)
+            rows.append(
+                {
+                    "benchmark": "nezha_arm",
+                    "param_arm": arm,
+                    "seed": s,
+                    "dataset_name": "synth",
+                    **{m: q for m in ("hr@5", "hr@10", "ndcg@5", "ndcg@10")},
+                    "valid_share": 1.0,
+                    "drafts_valid_share": 0.9,
+                    "latency_p50_ms": 10.0,
+                    "prefill_ms": 6.0,
+                    "decode_ms": 4.0,
+                    "train_seconds": 1.0,
+                    "train_steps": 10,
+                    "device": "cpu",
+                    "threads": 1,
+                    "torch_version": "x",
+                    "git_commit": "abc",
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def test_report_page_runs_paired_tests_matched_by_seed(tmp_path):
+    from genrec.dashboards.nezha import build_nezha_report, is_nezha_frame, paired_tests
+
+    df = fake_rows()
+    assert is_nezha_frame(df)
+    rows = {r[0]: r for r in paired_tests(df, "nezha", "beam")}
+    nezha = df[df.param_arm == "nezha"].sort_values("seed")["hr@10"].tolist()
+    beam = df[df.param_arm == "beam"].sort_values("seed")["hr@10"].tolist()
+    expected = paired_t_test_less(nezha, beam)
+    assert rows["hr@10"][1] == 3 and rows["hr@10"][4] == f"{expected['p_value']:.3f}"
+    mtp = {r[0]: r for r in paired_tests(df, "mtp", "nezha")}
+    assert mtp["hr@10"][5] == "significantly below"  # 0.10 vs 0.31 over three seeds
+    # a seed present in one arm only is left out of the pairs
+    partial = pd.concat([df, df[(df.param_arm == "nezha") & (df.seed == 42)].assign(seed=45)])
+    assert {r[0]: r for r in paired_tests(partial, "nezha", "beam")}["hr@10"][1] == 3
+    one_seed = {r[0]: r for r in paired_tests(fake_rows(seeds=(42,)), "nezha", "beam")}
+    assert "needs 2 or more seeds" in one_seed["hr@10"][5]
+    page = build_nezha_report(df, tmp_path / "r.html", "arms").read_text()
+    assert "H1: NEZHA below beam" in page and "H1: NEZHA below mtp" in page and page.count("<table") >= 4
