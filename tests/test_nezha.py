@@ -36,6 +36,14 @@ from genrec.workloads.sid_codec import SIDCodec
 from genrec.workloads.training.trainer import TrainConfig, train
 
 DIM = 16
+# every head the decoders drive: NEZHA and its training-time ablations, and MTP
+HEADS = [
+    ("nezha", "full"),
+    ("nezha", "no_context"),
+    ("nezha", "no_placeholder"),
+    ("nezha", "add"),
+    ("mtp", "full"),
+]
 
 
 def random_head(kind, sizes, variant="full", seed=0):
@@ -80,16 +88,7 @@ def assert_same_lists(batched, reference):
 
 
 # --- batched search vs the per-beam reference of Algorithm 3 ---------------------------------------------
-@pytest.mark.parametrize(
-    "kind,variant",
-    [
-        ("nezha", "full"),
-        ("nezha", "no_context"),
-        ("nezha", "no_placeholder"),
-        ("nezha", "add"),
-        ("mtp", "full"),
-    ],
-)
+@pytest.mark.parametrize("kind,variant", HEADS)
 @pytest.mark.parametrize("verify", ["final", "every", "none"])
 def test_batched_head_search_equals_per_beam_reference(kind, variant, verify):
     sizes = (5, 4, 6)
@@ -107,16 +106,7 @@ def test_batched_head_search_equals_per_beam_reference(kind, variant, verify):
         assert all(pyset.contains(c) for user in ref for c, _ in user)
 
 
-@pytest.mark.parametrize(
-    "kind,variant",
-    [
-        ("nezha", "full"),
-        ("nezha", "no_context"),
-        ("nezha", "no_placeholder"),
-        ("nezha", "add"),
-        ("mtp", "full"),
-    ],
-)
+@pytest.mark.parametrize("kind,variant", HEADS)
 def test_beam_logits_equal_level_logits_on_states_repeated_per_beam(kind, variant):
     sizes, users, beams = (7, 5, 6), 3, 4
     head = random_head(kind, sizes, variant, seed=4)
