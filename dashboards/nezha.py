@@ -4,8 +4,9 @@ Per dataset: a table of every arm (mean ± std over seeds of HR/NDCG@5/10, the s
 slots holding items, the share of unverified drafts that are items, p50 latency split into prefill
 and decode, training time and steps), quality bars with std error bars, stacked prefill/decode
 latency bars, and the one-sided paired t-tests over seeds (pairs matched by seed) of H1 "NEZHA
-below beam search" and "NEZHA below MTP" on each quality metric: p >= 0.05 means not significantly
-below. `genrec report` dispatches here when every row is a nezha_arm row.
+below beam search" (also against beam-converged, when the sweep has it) and "NEZHA below MTP" on each
+quality metric: p >= 0.05 means not significantly below. `genrec report` dispatches here when every
+row is a nezha_arm row.
 """
 
 from __future__ import annotations
@@ -101,7 +102,7 @@ def dataset_sections(df: pd.DataFrame, label: str, anchor: str, figure: _FigureW
     latency.update_layout(barmode="stack", height=380, yaxis_title="ms per batch (mean over seeds)")
 
     tests = ""
-    for other in ("beam", "mtp"):
+    for other in ("beam", "beam-converged", "mtp"):
         if "nezha" in grouped and other in grouped:
             tests += f"<h3>H1: NEZHA below {other} (one-sided paired t-test over seeds)</h3>" + html_table(
                 ["metric", "paired seeds", "mean diff (nezha - other)", "t", "p", "verdict"],

@@ -54,7 +54,8 @@ def test_unknown_arms_and_bad_budgets_are_rejected():
         bench.check({"arm": "medusa"})
     with pytest.raises(UserInputError, match="epochs"):
         bench.check({"arm": "beam", "epochs": 0})
-    assert set(ARMS) == {"beam", "nezha", "nezha-1", "nezha-2", "nezha-3", "nezha-4", "mtp"}
+    assert set(ARMS) == {"beam", "nezha", "nezha-1", "nezha-2", "nezha-3", "nezha-4", "mtp", "beam-converged"}
+    assert ARMS["beam-converged"].epoch_factor == 5 and ARMS["beam"].epoch_factor == 1
 
 
 def test_shipped_arm_experiment_resolves_its_paths_against_the_repository():
@@ -64,7 +65,7 @@ def test_shipped_arm_experiment_resolves_its_paths_against_the_repository():
     cfg = load_experiment(repo / "experiments" / "nezha_vs_beam.yaml", base_dir=repo, check_files=False)
     assert Path(cfg.params["data"]).is_absolute() and cfg.params["data"].endswith("runs/data/synth")
     assert Path(cfg.params["models_dir"]).is_absolute()
-    assert cfg.num_trials() == 7 * 3
+    assert cfg.num_trials() == 8 * 3
 
 
 def fake_rows(seeds=(42, 43, 44)):

@@ -9,6 +9,9 @@ An arm is a training objective (and NEZHA head variant) plus a decoder:
     nezha-3   addition instead of the RNN transition (add), final verification
     nezha-4   the nezha checkpoint, no verification
     mtp       parallel heads (MTP), final verification
+    beam-converged  next_item with 5x the epoch budget (early stopping ends it when validation stops
+              improving): next_item packs many targets per window, so at equal epochs it takes far
+              fewer optimiser steps than the head objectives; this arm shows how much of a gap is that
 
 `arm_point(arm, seed, ...)` trains the arm's checkpoint for that seed (or reuses one already trained
 with the same configuration: nezha and nezha-4 share theirs), evaluates it on the test split and
@@ -36,6 +39,7 @@ class Arm:
     head_variant: str  # full | no_context | no_placeholder | add
     decoder: str  # beam | nezha | mtp
     verify: str | None  # final | none for head decoders; None for beam search
+    epoch_factor: int = 1  # the arm trains for epochs * epoch_factor (early stopping still applies)
 
 
 ARMS: dict[str, Arm] = {
@@ -46,6 +50,7 @@ ARMS: dict[str, Arm] = {
     "nezha-3": Arm("nezha", "add", "nezha", "final"),
     "nezha-4": Arm("nezha", "full", "nezha", "none"),
     "mtp": Arm("mtp", "full", "mtp", "final"),
+    "beam-converged": Arm("next_item", "full", "beam", None, epoch_factor=5),
 }
 QUALITY_KEYS = ("hr@5", "ndcg@5", "recall@5", "hr@10", "ndcg@10", "recall@10")
 
@@ -106,7 +111,7 @@ def arm_point(
     spec = ARMS[arm]
     cfg = TrainConfig(
         model_size=model_size,
-        epochs=epochs,
+        epochs=epochs * spec.epoch_factor,
         lr=lr,
         batch_size=batch_size,
         patience=patience,
