@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from genrec.workloads.benchmarks.nezha_quality import ARMS, QUALITY, summarise
+from genrec.workloads.benchmarks.nezha_quality import DEFAULT_ARMS, QUALITY, main, summarise
 
 
 def fake_run(seed: int, scores: dict[str, float]) -> dict:
     arms = {}
-    for arm, *_ in ARMS:
+    for arm in DEFAULT_ARMS:
         q = {m: scores[arm] for m in QUALITY}
         q["invalid_rate"] = 0.0
         arms[arm] = {"quality": q, "timings_ms": {"prefill": 1.0, "decode": 2.0, "system": 0.5}}
@@ -28,3 +28,21 @@ def test_nezha_below_beam_is_significant_only_when_it_is_lower_every_seed():
     assert tests["nezha_below_mtp"]["hr@10"]["p_value"] > 0.95  # NEZHA is above MTP
     assert "| nezha | 0.1100 ± 0.0100" in table  # mean ± sample std over seeds
     assert "| 1.00 | 2.00 |" in table  # prefill and decode (system time excluded) columns
+
+
+def test_runner_trains_and_evaluates_the_chosen_arms_per_seed(synth_dir, tmp_path):
+    import json
+
+    argv = ["--data", str(synth_dir), "--out", str(tmp_path), "--model-size", "tiny", "--seeds", "1", "2"]
+    argv += ["--epochs", "1", "--batch-size", "64", "--arms", "beam", "nezha", "nezha-4"]
+    argv += ["--max-users", "16", "--eval-batch-size", "8", "--device", "cpu", "--quiet"]
+    summary = main(argv)
+    assert json.loads((tmp_path / "summary.json").read_text())["table"] == summary["table"]
+    assert [r["seed"] for r in summary["runs"]] == [1, 2]
+    for run in summary["runs"]:
+        assert set(run["arms"]) == {"beam", "nezha", "nezha-4"} and run["env"]["device"].startswith("cpu")
+        # nezha and nezha-4 decode one checkpoint; beam has its own
+        assert run["train"]["nezha"]["model_dir"] == run["train"]["nezha-4"]["model_dir"]
+        assert run["train"]["beam"]["model_dir"] != run["train"]["nezha"]["model_dir"]
+    assert set(summary["tests"]) == {"nezha_below_beam"}  # mtp did not run
+    assert set(summary["tests"]["nezha_below_beam"]) == set(QUALITY)

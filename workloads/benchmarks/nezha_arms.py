@@ -101,6 +101,7 @@ def arm_point(
     seed: int = 42,
     threads: int = 1,
     device: str = "cpu",
+    progress: bool = False,
 ) -> dict:
     """Train (or reuse) the arm's checkpoint for `seed` and evaluate it on the test split."""
     from genrec.workloads.decoding import mtp as _mtp  # noqa: F401  (registers nezha and mtp)
@@ -124,7 +125,7 @@ def arm_point(
     )
     cfg.validate()
     model_dir = checkpoint_dir(models_dir, data, cfg)
-    meta = ensure_trained(data, model_dir, cfg)
+    meta = ensure_trained(data, model_dir, cfg, progress)
     ctx, ds, _ = load_context(model_dir, data, device)
     params: dict = {"beam_width": beam_width, "k": 10}
     if spec.verify is not None:
@@ -139,7 +140,7 @@ def arm_point(
         device=device,
         threads=threads,
     )
-    row = evaluate(ctx, ds, ec, model_dir.name, progress=False).row
+    row = evaluate(ctx, ds, ec, model_dir.name, progress=progress).row
     q, timings, counters = row.quality, row.timings_ms, row.counters
     candidates = counters.get("candidates", 0.0)
     out = {k: q[k] for k in QUALITY_KEYS}

@@ -1,17 +1,17 @@
-"""NEZHA vs beam search vs MTP quality over seeds, each trained the same way (issue 6's experiment).
+"""NEZHA vs beam search vs MTP quality over seeds, without Ray (issue 6's comparison on a GPU machine).
 
     python -m genrec.workloads.benchmarks.nezha_quality --data runs/data/beauty --model-size small \
-        --seeds 42 43 44 --beam-width 10 --out runs/bench/nezha_beauty
+        --seeds 42 43 44 --beam-width 10 --out runs/bench/nezha_beauty [--arms beam nezha nezha-4 mtp ...]
 
-For every seed, three checkpoints are trained from the same initialisation seed, data, size and
-budget (`genrec train` code): `next_item` (decoded by beam search), `nezha` (the draft head, decoded
-by NEZHA with verification) and `mtp` (parallel heads). Each is evaluated on the test split at the
-same beam width. NEZHA is also evaluated without verification (NEZHA-4) on the same checkpoint.
+Every arm runs through `nezha_arms.arm_point`, the same code as the `nezha_arm` sweep benchmark:
+for each seed the arm's checkpoint is trained from that seed with the same data, size, learning rate
+and epoch budget (checkpoints are kept under --out and reused by a later run with the same training
+configuration; nezha and nezha-4 share one), then evaluated on the test split at the same beam width.
 
-Reported: HR/NDCG/Recall@5/10 per decoder (mean ± std over seeds), latency split into prefill and
-decode, the share of returned candidates that are valid (with and without verification), and a
-one-sided paired t-test over seeds of H1 "NEZHA < beam" on each quality metric (p >= 0.05: not
-significantly below) and of "NEZHA < MTP". Runs without Ray, so it also runs on a plain GPU machine.
+Reported: HR/NDCG/Recall@5/10 per arm (mean ± std over seeds), latency split into prefill and
+decode, the share of returned slots that hold items, and one-sided paired t-tests over seeds of H1
+"NEZHA < beam" (and "< beam-converged" when that arm ran) and "NEZHA < MTP" on each quality metric
+(p >= 0.05: not significantly below). Writes summary.json under --out.
 """
 
 from __future__ import annotations
@@ -25,79 +25,63 @@ from pathlib import Path
 
 import numpy as np
 
-from genrec.workloads.benchmarks.seeded_training import add_training_arguments, train_config
-from genrec.workloads.evaluation import EvalConfig, evaluate, load_context
+from genrec.workloads.benchmarks.nezha_arms import ARMS, arm_point
+from genrec.workloads.benchmarks.seeded_training import add_training_arguments
 from genrec.workloads.io import atomic_write_text
 from genrec.workloads.metrics import paired_t_test_less
-from genrec.workloads.training.trainer import train
+from genrec.workloads.results import current_environment
+from genrec.workloads.training.trainer import resolve_device
 
 QUALITY = ("hr@5", "ndcg@5", "recall@5", "hr@10", "ndcg@10", "recall@10")
-# (arm, training objective, decoder, extra decoder params)
-ARMS = (
-    ("beam", "next_item", "beam", {}),
-    ("nezha", "nezha", "nezha", {"verify": "final"}),
-    ("nezha-4", "nezha", "nezha", {"verify": "none"}),
-    ("mtp", "mtp", "mtp", {}),
-)
+DEFAULT_ARMS = ("beam", "nezha", "nezha-4", "mtp")
+COMPARED = ("beam", "beam-converged", "mtp")  # NEZHA is tested against each of these that ran
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_training_arguments(p, seeds=[42, 43, 44], beam_width=10)
+    p.add_argument("--arms", nargs="+", default=list(DEFAULT_ARMS), choices=list(ARMS))
     p.add_argument("--eval-batch-size", type=int, default=64)
     p.add_argument("--max-users", type=int, default=0, help="0 = every test user")
     return p.parse_args(argv)
 
 
 def run_seed(args: argparse.Namespace, seed: int) -> dict:
+    """{"seed", "train": {arm: training figures}, "arms": {arm: quality, latency, timings}, "env"}."""
     out: dict = {"seed": seed, "train": {}, "arms": {}}
-    checkpoints: dict[str, Path] = {}
-    for objective in ("next_item", "nezha", "mtp"):
-        model_dir = Path(args.out) / f"{args.model_size}-{objective}-seed{seed}"
-        cfg = train_config(args, seed, objective)
-        trained = train(args.data, model_dir, cfg, progress=not args.quiet)
-        best = next((h for h in trained.history if h["epoch"] == trained.best_epoch), {})
-        out["train"][objective] = {
-            "seconds": trained.seconds,
-            "steps": trained.steps,
-            "best_epoch": trained.best_epoch,
-            "best_val_loss": trained.best_val_loss,
-            # head objectives: per-level parts and the loss of a head that ignores the history
-            "best_val_level_loss": best.get("val_level_loss"),
-            "history_blind_val_loss": json.loads((model_dir / "config.json").read_text()).get(
-                "history_blind_val_loss"
-            ),
-        }
-        checkpoints[objective] = model_dir
-    contexts = {}
-    for arm, objective, decoder, extra in ARMS:
-        if objective not in contexts:
-            contexts[objective] = load_context(checkpoints[objective], None, args.device)
-        ctx, ds, _ = contexts[objective]
-        ec = EvalConfig(
-            decoder=decoder,
-            params={"beam_width": args.beam_width, "k": 10, **extra},
-            ks=(5, 10),
-            batch_size=args.eval_batch_size,
+    for arm in args.arms:
+        r = arm_point(
+            arm,
+            data=args.data,
+            models_dir=args.out,
+            model_size=args.model_size,
+            epochs=args.epochs,
+            lr=args.lr,
+            batch_size=args.batch_size,
+            patience=args.patience,
+            beam_width=args.beam_width,
+            eval_batch_size=args.eval_batch_size,
             max_users=args.max_users,
             seed=seed,
-            device=args.device,
             threads=args.threads,
+            device=args.device,
+            progress=not args.quiet,
         )
-        row = evaluate(ctx, ds, ec, checkpoints[objective].name, progress=not args.quiet).row
+        train_keys = ("train_seconds", "train_steps", "best_epoch", "best_val_loss", "history_blind_val_loss")
+        out["train"][arm] = {k: r[k] for k in (*train_keys, "model_dir")}
         out["arms"][arm] = {
-            "quality": row.quality,
-            "latency_p50_ms": row.latency_ms.get("p50"),
-            "timings_ms": row.timings_ms,
-            "counters": row.counters,
-            "users": row.users,
+            "quality": {k: r[k] for k in (*QUALITY, "invalid_rate", "missing_rate")},
+            "latency_p50_ms": r["latency_p50_ms"],
+            "timings_ms": {"prefill": r["prefill_ms"], "decode": r["decode_ms"], "verify": r["verify_ms"]},
+            "drafts_valid_share": r["drafts_valid_share"],
+            "users": r["users"],
         }
-        out["env"] = vars(row.env)
+    out["env"] = vars(current_environment(resolve_device(args.device)))
     return out
 
 
 def summarise(runs: list[dict]) -> tuple[str, dict]:
-    arms = [a for a, *_ in ARMS]
+    arms = [a for a in ARMS if a in runs[0]["arms"]]
     lines = ["| decoder | " + " | ".join((*QUALITY, "valid share", "prefill ms", "decode ms")) + " |"]
     lines.append("|---" * (len(QUALITY) + 4) + "|")
     for arm in arms:
@@ -109,11 +93,11 @@ def summarise(runs: list[dict]) -> tuple[str, dict]:
         valid = np.mean([1 - x["invalid_rate"] - x.get("missing_rate", 0.0) for x in q])
         t = [r["arms"][arm]["timings_ms"] for r in runs]
         prefill = np.mean([x.get("prefill", 0.0) for x in t])
-        decode = np.mean([sum(v for k, v in x.items() if k not in ("prefill", "system")) for x in t])
+        decode = np.mean([x.get("decode", 0.0) for x in t])  # beam steps, or NEZHA's draft + verify
         lines.append(f"| {arm} | " + " | ".join(cells) + f" | {valid:.4f} | {prefill:.2f} | {decode:.2f} |")
     tests = {}
     if len(runs) >= 2:
-        for other in ("beam", "mtp"):
+        for other in (o for o in COMPARED if "nezha" in arms and o in arms):
             tests[f"nezha_below_{other}"] = {
                 m: paired_t_test_less(
                     [r["arms"]["nezha"]["quality"][m] for r in runs],
