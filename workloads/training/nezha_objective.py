@@ -59,7 +59,7 @@ def _count_of(table_keys: np.ndarray, table_counts: np.ndarray, queries: np.ndar
 def history_blind_loss(
     config: HeadConfig, train_codes: np.ndarray, val_codes: np.ndarray, alpha: float = 0.5
 ) -> float:
-    """Eq. 6's loss on val_codes of the best history-free predictor of the head's factorisation.
+    """Eq. 6's loss on val_codes of a history-free predictor in the head's factorisation.
 
     The predictor is fit on train_codes by counting, with add-alpha smoothing over each level's T_l
     codes: p(c_l | c_<l) for heads whose levels condition on earlier codes (NEZHA), p(c_l) for heads
