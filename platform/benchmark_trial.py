@@ -15,8 +15,6 @@ import time
 from dataclasses import asdict
 from datetime import UTC, datetime
 
-from ray import tune
-
 from genrec.workloads.results import RESULT_SCHEMA_VERSION, current_environment
 
 
@@ -61,7 +59,7 @@ def benchmark_row(job: dict, run_id: str, params: dict, seed: int, metrics: dict
 
 def run_benchmark_trial(config: dict) -> None:
     """Tune function trainable for `benchmark:` experiments (chosen by run_sweep)."""
-    from genrec.platform.sweep import JOB_KEY, ROW_KEY, begin_trial, numeric_metrics
+    from genrec.platform.sweep import JOB_KEY, begin_trial, report_trial_row
     from genrec.workloads.benchmarks.registry import get_benchmark
 
     t0 = time.perf_counter()
@@ -79,7 +77,4 @@ def run_benchmark_trial(config: dict) -> None:
     torch.set_num_threads(int(kwargs.get("threads") or job["threads"] or max(1, int(job["cpu"]))))
     metrics = get_benchmark(job["benchmark"]).run(**kwargs)
     flat = benchmark_row(job, run_id, params, seed, metrics, str(kwargs.get("device", job["device"])))
-    flat["ray_trial_id"] = trial_id
-    flat["trial_started_at"] = started
-    flat["trial_wall_s"] = time.perf_counter() - t0
-    tune.report({**numeric_metrics(flat), ROW_KEY: json.dumps(flat), "genrec_reused": 0})
+    report_trial_row(flat, trial_id, started, t0)

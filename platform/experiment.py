@@ -30,6 +30,7 @@ import itertools
 import json
 import math
 import os
+from collections.abc import Callable
 from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any, Literal
@@ -436,8 +437,10 @@ def validate_experiment(cfg: ExperimentConfig, check_files: bool = True) -> None
     if both:
         raise UserInputError(f"`params.{both[0]}` is also in `search_space`; keep it in one place")
 
+    from genrec.workloads.evaluation import resolve_params
+
     candidates = _typed_candidates(cfg, param_fields)
-    _check_combinations(cfg, candidates)
+    _check_combinations(cfg, candidates, lambda values: resolve_params(cfg.decoder, values, cfg.ks))
 
     if cfg.metric not in cfg.valid_metrics():
         raise UserInputError(f"`metric`: {cfg.metric!r} is not produced; choose one of {cfg.valid_metrics()}")
@@ -507,19 +510,7 @@ def validate_benchmark_experiment(cfg: ExperimentConfig) -> None:
         raise UserInputError(
             f"benchmark {cfg.benchmark!r} needs {required}: set them in `params` or `search_space`"
         )
-    candidates = _typed_candidates(cfg, fields_)
-    names = list(candidates)
-    if math.prod(len(v) for v in candidates.values()) > MAX_COMBINATIONS_CHECKED:
-        checks = [((name,), [kv]) for name in names for kv in candidates[name]]
-    else:
-        checks = [(tuple(names), list(c)) for c in itertools.product(*candidates.values())]
-    for group, picked in checks:
-        values = {**cfg.params, **{name: v for name, (_, v) in zip(group, picked)}}
-        try:
-            bench.check(values)
-        except (UserInputError, TypeError, ValueError) as e:
-            where = ", ".join(f"`{k}` = {v!r}" for k, v in picked) or "`params`"
-            raise UserInputError(f"{where}: {e}") from None
+    _check_combinations(cfg, _typed_candidates(cfg, fields_), bench.check)
     if cfg.metric not in cfg.valid_metrics():
         raise UserInputError(
             f"`metric`: {cfg.metric!r} is not reported by benchmark {cfg.benchmark!r}; "
@@ -622,10 +613,11 @@ def _check_type(key: str, field: Any, value: Any) -> None:
         )
 
 
-def _check_combinations(cfg: ExperimentConfig, candidates: dict[str, list[tuple[str, Any]]]) -> None:
-    """Every combination of candidate values (with the fixed params) must build valid Params."""
-    from genrec.workloads.evaluation import resolve_params
-
+def _check_combinations(
+    cfg: ExperimentConfig, candidates: dict[str, list[tuple[str, Any]]], check: Callable[[dict], object]
+) -> None:
+    """Every combination of candidate values (with the fixed params) must pass `check` (the decoder's
+    Params or the benchmark's own check); the error names the values that failed."""
     names = list(candidates)
     if math.prod(len(v) for v in candidates.values()) > MAX_COMBINATIONS_CHECKED:
         # too many combinations: check each value alone with the fixed params
@@ -636,7 +628,7 @@ def _check_combinations(cfg: ExperimentConfig, candidates: dict[str, list[tuple[
         values = dict(cfg.params)
         values.update({name: v for name, (_, v) in zip(group, picked)})
         try:
-            resolve_params(cfg.decoder, values, cfg.ks)
+            check(values)
         except (UserInputError, TypeError, ValueError) as e:
             where = ", ".join(f"`{k}` = {v!r}" for k, v in picked) or "`params`"
             raise UserInputError(f"{where}: {e}") from None

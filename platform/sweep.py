@@ -141,6 +141,14 @@ def begin_trial(job: dict) -> tuple[str, str, bool]:
     return trial_id, run_id, stored is not None
 
 
+def report_trial_row(flat: dict, trial_id: str, started: float, t0: float) -> None:
+    """Add the trial's own columns to its flat row and report it (the driver's callbacks store it)."""
+    flat["ray_trial_id"] = trial_id
+    flat["trial_started_at"] = started
+    flat["trial_wall_s"] = time.perf_counter() - t0
+    tune.report({**numeric_metrics(flat), ROW_KEY: json.dumps(flat), "genrec_reused": 0})
+
+
 def run_trial(config: dict) -> None:
     """Tune function trainable: evaluate one (params, seed) point and report its result row."""
     t0 = time.perf_counter()
@@ -175,11 +183,8 @@ def run_trial(config: dict) -> None:
     row = evaluate(ctx, ds, cfg, model_label(job["model"]), progress=False).row
     row.run_id = run_id
     flat = row.to_flat()
-    flat["ray_trial_id"] = trial_id
     flat["trial_load_s"] = load_s
-    flat["trial_started_at"] = started
-    flat["trial_wall_s"] = time.perf_counter() - t0
-    tune.report({**numeric_metrics(flat), ROW_KEY: json.dumps(flat), "genrec_reused": 0})
+    report_trial_row(flat, trial_id, started, t0)
 
 
 # ---- driver-side callbacks ----------------------------------------------------------------------

@@ -95,18 +95,7 @@ def test_benchmark_row_has_the_shared_columns():
     assert row["seed"] == 3 and row["threads"] >= 1 and "git_commit" in row and row["time_speedup"] > 0
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    ray = pytest.importorskip("ray")
-    started = not ray.is_initialized()
-    if started:
-        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="WARNING")
-    yield ray
-    if started:
-        ray.shutdown()
-
-
-def test_tiny_benchmark_sweep_through_ray(ray_local, tmp_path):
+def test_tiny_benchmark_sweep_through_ray(ray_session, tmp_path):
     path = tmp_path / "mm_tiny.yaml"
     path.write_text(yaml.safe_dump(base(tmp_path)))
     assert run_cli(["sweep", str(path), "--quiet"]) == 0

@@ -117,19 +117,8 @@ def test_bad_static_experiment_fails_before_ray(tmp_path, capsys):
     assert experiment_from_dict(tiny_experiment(tmp_path)).num_trials() == 2
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    ray = pytest.importorskip("ray")
-    started = not ray.is_initialized()
-    if started:
-        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="WARNING")
-    yield ray
-    if started:
-        ray.shutdown()
-
-
 @pytest.mark.slow  # ~30 s on the 2-core VM: Ray start-up and the sweep driver, not the benchmark
-def test_tiny_static_sweep_through_ray(ray_local, tmp_path):
+def test_tiny_static_sweep_through_ray(ray_session, tmp_path):
     path = tmp_path / "static_tiny.yaml"
     path.write_text(yaml.safe_dump(tiny_experiment(tmp_path)))
     assert run_cli(["sweep", str(path), "--quiet"]) == 0
