@@ -12,17 +12,13 @@ and writes summary.json. Runs without Ray or typer, so it also runs on a plain G
 from __future__ import annotations
 
 import argparse
-import json
-import shlex
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from genrec.workloads.benchmarks.seeded_training import add_training_arguments, train_config
+from genrec.workloads.benchmarks.seeded_training import add_training_arguments, train_config, write_summary
 from genrec.workloads.evaluation import EvalConfig, evaluate, load_context
-from genrec.workloads.io import atomic_write_text
 from genrec.workloads.metrics import paired_permutation_test, user_metric_vector
 from genrec.workloads.training.trainer import train
 
@@ -99,15 +95,7 @@ def main(argv: list[str] | None = None) -> None:
     runs = [run_seed(args, s) for s in args.seeds]
     table = summarise(runs)
     print(table)
-    summary = {
-        "command": "python -m genrec.workloads.benchmarks.beauty_quality "
-        + shlex.join(sys.argv[1:] if argv is None else argv),
-        "args": vars(args),
-        "runs": runs,
-        "table": table,
-        "seconds": time.perf_counter() - t0,
-    }
-    atomic_write_text(Path(args.out) / "summary.json", json.dumps(summary, indent=2, default=str))
+    write_summary("genrec.workloads.benchmarks.beauty_quality", argv, args, t0, runs=runs, table=table)
 
 
 if __name__ == "__main__":

@@ -17,17 +17,12 @@ decode, the share of returned slots that hold items, and one-sided paired t-test
 from __future__ import annotations
 
 import argparse
-import json
-import shlex
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
 from genrec.workloads.benchmarks.nezha_arms import ARMS, arm_point
-from genrec.workloads.benchmarks.seeded_training import add_training_arguments
-from genrec.workloads.io import atomic_write_text
+from genrec.workloads.benchmarks.seeded_training import add_training_arguments, training_kwargs, write_summary
 from genrec.workloads.metrics import paired_t_test_less
 from genrec.workloads.results import current_environment
 from genrec.workloads.training.trainer import resolve_device
@@ -54,17 +49,11 @@ def run_seed(args: argparse.Namespace, seed: int) -> dict:
             arm,
             data=args.data,
             models_dir=args.out,
-            model_size=args.model_size,
-            epochs=args.epochs,
-            lr=args.lr,
-            batch_size=args.batch_size,
-            patience=args.patience,
+            **training_kwargs(args),
             beam_width=args.beam_width,
             eval_batch_size=args.eval_batch_size,
             max_users=args.max_users,
             seed=seed,
-            threads=args.threads,
-            device=args.device,
             progress=not args.quiet,
         )
         train_keys = ("train_seconds", "train_steps", "best_epoch", "best_val_loss", "history_blind_val_loss")
@@ -120,17 +109,8 @@ def main(argv: list[str] | None = None) -> dict:
     runs = [run_seed(args, s) for s in args.seeds]
     table, tests = summarise(runs)
     print(table)
-    summary = {
-        "command": "python -m genrec.workloads.benchmarks.nezha_quality "
-        + shlex.join(sys.argv[1:] if argv is None else argv),
-        "args": vars(args),
-        "runs": runs,
-        "tests": tests,
-        "table": table,
-        "seconds": time.perf_counter() - t0,
-    }
-    atomic_write_text(Path(args.out) / "summary.json", json.dumps(summary, indent=2, default=str))
-    return summary
+    module = "genrec.workloads.benchmarks.nezha_quality"
+    return write_summary(module, argv, args, t0, runs=runs, tests=tests, table=table)
 
 
 if __name__ == "__main__":

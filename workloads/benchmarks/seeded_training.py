@@ -7,7 +7,13 @@ early stopping, from the same seed; only the objective differs.
 from __future__ import annotations
 
 import argparse
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
 
+from genrec.workloads.io import atomic_write_text
 from genrec.workloads.training.trainer import TrainConfig
 
 
@@ -26,15 +32,30 @@ def add_training_arguments(p: argparse.ArgumentParser, seeds: list[int], beam_wi
     p.add_argument("--quiet", action="store_true")
 
 
-def train_config(args: argparse.Namespace, seed: int, objective: str = "next_item") -> TrainConfig:
-    return TrainConfig(
-        model_size=args.model_size,
-        epochs=args.epochs,
-        lr=args.lr,
-        batch_size=args.batch_size,
-        patience=args.patience,
-        seed=seed,
-        device=args.device,
-        threads=args.threads,
-        objective=objective,
-    )
+def training_kwargs(args: argparse.Namespace) -> dict:
+    """The TrainConfig fields every arm shares, from the parsed options (seed and objective apart)."""
+    return {
+        "model_size": args.model_size,
+        "epochs": args.epochs,
+        "lr": args.lr,
+        "batch_size": args.batch_size,
+        "patience": args.patience,
+        "device": args.device,
+        "threads": args.threads,
+    }
+
+
+def train_config(args: argparse.Namespace, seed: int) -> TrainConfig:
+    return TrainConfig(**training_kwargs(args), seed=seed)
+
+
+def write_summary(module: str, argv: list[str] | None, args: argparse.Namespace, t0: float, **parts) -> dict:
+    """summary.json under --out: the command that produced it, its options, `parts` and wall time."""
+    summary = {
+        "command": f"python -m {module} " + shlex.join(sys.argv[1:] if argv is None else argv),
+        "args": vars(args),
+        **parts,
+        "seconds": time.perf_counter() - t0,
+    }
+    atomic_write_text(Path(args.out) / "summary.json", json.dumps(summary, indent=2, default=str))
+    return summary
