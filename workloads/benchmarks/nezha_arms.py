@@ -70,8 +70,8 @@ def _finished(model_dir: Path) -> bool:
     return config.exists() and "train_seconds" in json.loads(config.read_text())
 
 
-def ensure_trained(data: str | Path, model_dir: Path, cfg: TrainConfig, progress: bool = False) -> dict:
-    """Train into model_dir unless a finished checkpoint is there; returns its config.json.
+def ensure_trained(data: str | Path, model_dir: Path, cfg: TrainConfig, progress: bool = False) -> None:
+    """Train into model_dir unless a finished checkpoint is there.
 
     A file lock makes concurrent trials that need the same checkpoint (nezha and nezha-4) train it
     once: the second waits, then finds it finished."""
@@ -82,7 +82,6 @@ def ensure_trained(data: str | Path, model_dir: Path, cfg: TrainConfig, progress
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not _finished(model_dir):
             train(data, model_dir, cfg, progress=progress)
-    return json.loads((model_dir / "config.json").read_text())
 
 
 def arm_point(
@@ -125,8 +124,9 @@ def arm_point(
     )
     cfg.validate()
     model_dir = checkpoint_dir(models_dir, data, cfg)
-    meta = ensure_trained(data, model_dir, cfg, progress)
-    ctx, ds, _ = load_context(model_dir, data, device)
+    ensure_trained(data, model_dir, cfg, progress)
+    ctx, ds, ckpt = load_context(model_dir, data, device)
+    meta = ckpt.meta  # config.json: training time, steps, best epoch and losses
     params: dict = {"beam_width": beam_width, "k": 10}
     if spec.verify is not None:
         params["verify"] = spec.verify
