@@ -16,7 +16,16 @@ from pathlib import Path
 import pandas as pd
 
 from genrec.dashboards.analysis import PARAM_PREFIX, format_value
-from genrec.dashboards.report import DASHES, PALETTE, _esc, _FigureWriter, _plotly, html_table, write_page
+from genrec.dashboards.report import (
+    DASHES,
+    PALETTE,
+    _esc,
+    _FigureWriter,
+    _plotly,
+    environment_section,
+    html_table,
+    write_page,
+)
 
 LOG_SPAN = 100.0  # x values spanning more than two decades get log axes
 NOT_METRICS = {"seed", "threads", "schema_version", "trial_wall_s", "trial_started_at", "skipped", "returned"}
@@ -163,10 +172,6 @@ def build_benchmark_lines_report(
     for name in sorted(df["benchmark"].astype(str).unique()):
         part = df[df["benchmark"].astype(str) == name].dropna(axis=1, how="all")
         sections += benchmark_sections(part, name, figure, x_param, metric)
-    env_cols = [c for c in ("device", "threads", "torch_version", "git_commit") if c in df.columns]
-    if env_cols:
-        envs = df.groupby(env_cols, dropna=False).size().reset_index(name="rows")
-        prov = html_table([*env_cols, "rows"], envs.itertuples(index=False))
-        sections.append(("provenance", "Provenance", prov))
+    sections += environment_section(df)
     subtitle = f"{len(df)} result rows; benchmarks: {', '.join(sorted(df['benchmark'].astype(str).unique()))}"
     return write_page(Path(out), title, subtitle, sections)

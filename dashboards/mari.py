@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from genrec.dashboards.report import PALETTE, _FigureWriter, html_table, write_page
+from genrec.dashboards.report import PALETTE, _FigureWriter, environment_section, html_table, write_page
 
 MARI_BENCHMARKS = ("mari_matmul", "mari_fragmented", "mari_model")
 # Table 3 of the paper: chunk -> (fragmented vs vanilla %, fragmented vs neat MaRI %)
@@ -247,20 +247,6 @@ def build_mari_report(df: pd.DataFrame, out: str | os.PathLike, title: str) -> P
         part = df[df["benchmark"] == name]
         if not part.empty:
             sections += build(part, figure)
-    envs = df.drop_duplicates(["device", "threads", "torch_version", "git_commit"])
-    prov = html_table(
-        ["device", "threads", "torch", "git commit", "rows"],
-        [
-            [
-                r.device,
-                r.threads,
-                r.torch_version,
-                r.git_commit,
-                int((df["git_commit"] == r.git_commit).sum()),
-            ]
-            for r in envs.itertuples()
-        ],
-    )
-    sections.append(("provenance", "Provenance", prov))
+    sections += environment_section(df)
     subtitle = f"{len(df)} result rows; benchmarks: {', '.join(sorted(df['benchmark'].unique()))}"
     return write_page(out, title, subtitle, sections)

@@ -17,7 +17,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from genrec.dashboards.report import PALETTE, _FigureWriter, fmt_mean_std, html_table, write_page
+from genrec.dashboards.report import (
+    PALETTE,
+    _FigureWriter,
+    environment_section,
+    fmt_mean_std,
+    html_table,
+    write_page,
+)
 from genrec.workloads.benchmarks.nezha_arms import ARMS
 from genrec.workloads.metrics import paired_t_test_less
 
@@ -132,15 +139,5 @@ def build_nezha_report(df: pd.DataFrame, out: str | os.PathLike, title: str) -> 
     sections: list[tuple[str, str, str]] = []
     for i, (name, part) in enumerate(df.groupby(key, sort=True)):
         sections += dataset_sections(part, str(name), f"d{i}", figure)
-    envs = df.drop_duplicates(["device", "threads", "torch_version", "git_commit"])
-    sections.append(
-        (
-            "provenance",
-            "Provenance",
-            html_table(
-                ["device", "threads", "torch", "git commit"],
-                [[r.device, r.threads, r.torch_version, r.git_commit] for r in envs.itertuples()],
-            ),
-        )
-    )
+    sections += environment_section(df)
     return write_page(Path(out), title, f"{len(df)} result rows (one per arm and seed)", sections)

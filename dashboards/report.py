@@ -603,6 +603,15 @@ def _resolve_metric(qcols: list[str], metric: str | None) -> str | None:
     return max(pool, key=lambda c: int(QUALITY_RE.match(c)["k"]))  # type: ignore[index]
 
 
+def environment_section(df: pd.DataFrame) -> list[tuple[str, str, str]]:
+    """The Provenance section of a benchmark page: rows per (device, threads, torch, git commit)."""
+    env_cols = [c for c in ("device", "threads", "torch_version", "git_commit") if c in df.columns]
+    if not env_cols:
+        return []
+    envs = df.groupby(env_cols, dropna=False).size().reset_index(name="rows")
+    return [("provenance", "Provenance", html_table([*env_cols, "rows"], envs.itertuples(index=False)))]
+
+
 def write_page(out: Path, title: str, subtitle: str, sections: Sequence[tuple[str, str, str]]) -> Path:
     """One standalone HTML page: a title, a navigation bar and one <section> per (anchor, heading,
     body HTML); written atomically. Every report page of the dashboards goes through here."""
