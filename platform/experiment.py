@@ -418,6 +418,8 @@ def validate_experiment(cfg: ExperimentConfig, check_files: bool = True) -> None
         raise UserInputError(f"`name`: {e}") from None
     if cfg.benchmark is not None:
         validate_benchmark_experiment(cfg)
+        if check_files:
+            check_benchmark_inputs(cfg)
         return
     if cfg.decoder not in decoder_names():
         raise UserInputError(f"`decoder`: unknown decoder {cfg.decoder!r}; choose one of {decoder_names()}")
@@ -632,6 +634,19 @@ def _check_combinations(
         except (UserInputError, TypeError, ValueError) as e:
             where = ", ".join(f"`{k}` = {v!r}" for k, v in picked) or "`params`"
             raise UserInputError(f"{where}: {e}") from None
+
+
+def check_benchmark_inputs(cfg: ExperimentConfig) -> None:
+    """The dataset folders a benchmark reads (its `dataset_params`) exist, before Ray starts."""
+    from genrec.workloads.benchmarks.registry import get_benchmark
+
+    for name in get_benchmark(cfg.benchmark).dataset_params:
+        data = cfg.params.get(name)
+        if isinstance(data, str) and not (Path(data) / "manifest.json").is_file():
+            raise UserInputError(
+                f"`params.{name}`: {data} is not a dataset folder (no manifest.json); create it with "
+                f"`genrec data synth --out {data}` or `genrec data import ...`"
+            )
 
 
 def check_inputs(cfg: ExperimentConfig) -> None:

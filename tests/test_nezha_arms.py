@@ -68,6 +68,21 @@ def test_shipped_arm_experiment_resolves_its_paths_against_the_repository():
     assert cfg.num_trials() == 8 * 3
 
 
+def test_arm_experiment_without_its_dataset_fails_before_ray(tmp_path):
+    import yaml
+
+    from genrec.platform.experiment import load_experiment
+
+    repo = Path(__file__).resolve().parents[1]
+    raw = yaml.safe_load((repo / "experiments" / "nezha_vs_beam.yaml").read_text())
+    raw["params"]["data"] = "no/such/data"
+    path = tmp_path / "arms.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(UserInputError, match=r"`params.data`: .*no/such/data is not a dataset folder"):
+        load_experiment(path, base_dir=tmp_path)
+    load_experiment(path, base_dir=tmp_path, check_files=False)  # the check is about files only
+
+
 def fake_rows(seeds=(42, 43, 44)):
     rng = np.random.default_rng(0)
     rows = []

@@ -46,6 +46,7 @@ class Benchmark:
     # string parameters that are file paths: an experiment file's relative ones resolve against its
     # base directory before trials start (Tune runs trials in their own working directories)
     path_params: tuple[str, ...] = ()
+    dataset_params: tuple[str, ...] = ()  # path parameters naming dataset folders the benchmark reads
 
     def parameters(self) -> dict[str, inspect.Parameter]:
         return dict(inspect.signature(self.fn).parameters)
@@ -162,6 +163,7 @@ BENCHMARKS: dict[str, Benchmark] = {
             "one arm of the NEZHA comparison (beam, nezha, nezha-1..4, mtp): train for a seed, then evaluate",
             _nezha_check,
             path_params=("data", "models_dir"),
+            dataset_params=("data",),
         ),
         Benchmark(
             "static_scaling",
