@@ -52,6 +52,7 @@ CONFIG_PARAMS = (
     "param_max_batch_size",
     "param_batch_wait_timeout_s",
     "param_replicas",
+    "param_ingress",
 )
 LATENCY_PANELS = ("latency_p50_ms", "latency_p95_ms", "latency_p99_ms")
 _MEAN_COLUMNS = (

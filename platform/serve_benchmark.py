@@ -2,12 +2,15 @@
 
     python -m genrec.platform.serve_benchmark --model runs/models/tiny --beam-width 20 --slo-ms 200
 
-Starts the Serve app once (local Ray), then for each arm (batching off = max_batch_size 1, batching
+Starts the Serve app (local Ray), then for each arm (batching off = max_batch_size 1, batching
 on = --max-batch-size) reconfigures the running replica live (same process, same loaded model) and
 runs the load generator's rate search (open loop, Poisson, geometric growth then bisection). Arms
 alternate `--repeats` times so drift on a shared machine hits both. It also measures Serve's own
 overhead at low load (closed loop, one request at a time: end-to-end latency minus the decoder's
-time). Every load test is a result row of experiment `--experiment` (Parquet + MLflow); the summary
+time). With several `--ingress` values (Serve's Python proxy, HAProxy), each repeat starts a fresh
+local Ray per ingress, since Serve fixes its ingress when Ray starts.
+
+Every load test is a result row of experiment `--experiment` (Parquet + MLflow); the summary
 goes to `--out` as JSON and is printed.
 """
 
@@ -31,6 +34,7 @@ from genrec.platform.loadgen import (
     run_one,
 )
 from genrec.platform.serve.config import ServeConfig
+from genrec.platform.serve.ingress import INGRESSES, resolve_ingress
 from genrec.platform.serve.server import HttpSettings, reconfigure, start_server, stop_server
 from genrec.workloads.io import atomic_write_text
 from genrec.workloads.results import git_commit
@@ -60,6 +64,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--overhead-requests", type=int, default=200, help="low-load requests per arm")
     p.add_argument("--port", type=int, default=8000)
+    p.add_argument(
+        "--ingress",
+        nargs="+",
+        default=["auto"],
+        choices=INGRESSES,
+        help="what receives HTTP (several: each is measured, alternating; e.g. --ingress proxy haproxy)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--experiment", default="serve_batching")
     p.add_argument("--results-dir", default="runs/results")
@@ -147,8 +158,54 @@ def plain_http_floor(n: int = 300) -> float:
         thread.join(timeout=10)
 
 
+def measure_arm(
+    a: argparse.Namespace, base: LoadConfig, histories, ctx, tracking: Tracking, tag: str
+) -> dict:
+    """One batching arm on the running deployment: low-load overhead, then the rate search."""
+    # Serve's own overhead at low load: one request at a time
+    low = replace(
+        base,
+        mode="closed",
+        concurrency=1,
+        warmup_s=0.0,
+        warmup_requests=20,
+        duration_s=a.overhead_requests / 50.0,  # about that many requests at ~20 ms each
+    )
+    res = run_one(low, histories, ctx, tracking)
+    print(
+        f"[{tag}] low load: e2e p50 {res.summary.latency_ms['p50']:.2f} ms, "
+        f"decoder call p50 {res.summary.decoder_p50_ms:.2f} ms, "
+        f"overhead p50 {res.summary.overhead_p50_ms:.2f} ms",
+        flush=True,
+    )
+    measure = rate_measure(base, histories, ctx, tracking, progress=None)
+    search = find_max_rate(measure, a.start_rate, a.max_rate, refine_steps=a.refine_steps)
+    print(f"[{tag}]\n" + format_sweep(search, a.slo_ms, base.max_unanswered_rate), flush=True)
+    return {
+        "overhead_p50_ms": res.summary.overhead_p50_ms,
+        "max_rate": search.best_rate,
+        "search": [
+            {
+                "rate": p.rate,
+                "p99_ms": p.p99_ms,
+                "unanswered_rate": p.unanswered_rate,
+                "meets": p.meets,
+                "mean_batch": p.result.summary.batch_size_mean,
+                "throughput_rps": p.result.summary.throughput_rps,
+            }
+            for p in sorted(search.points, key=lambda p: p.rate)
+        ],
+    }
+
+
+def ratio_of_medians(num: list, den: list) -> float | None:
+    num, den = [r or 0.0 for r in num], [r or 0.0 for r in den]
+    return statistics.median(num) / statistics.median(den) if num and den and min(den) > 0 else None
+
+
 def main(argv: list[str] | None = None) -> dict:
     a = parse_args(argv)
+    ingresses = [resolve_ingress(name) for name in a.ingress]  # bad or unavailable ones fail before any work
     cfg = ServeConfig(
         model=Path(a.model),
         data=Path(a.data) if a.data else None,
@@ -172,7 +229,6 @@ def main(argv: list[str] | None = None) -> dict:
     )
     plain_floor = plain_http_floor()
     print(f"plain uvicorn floor: no-op GET p50 {plain_floor:.2f} ms", flush=True)
-    url = start_server(cfg, HttpSettings(port=a.port))
     out: dict = {
         "command": "python -m genrec.platform.serve_benchmark " + " ".join(argv or []),
         "model": a.model,
@@ -180,81 +236,61 @@ def main(argv: list[str] | None = None) -> dict:
         "beam_width": a.beam_width,
         "slo_ms": a.slo_ms,
         "git_commit": git_commit(),
-        "arms": {name: {"max_rates": [], "overhead_p50_ms": [], "searches": []} for name in arms},
         "decoder_alone": decoder_alone,
         "plain_uvicorn_noop_p50_ms": plain_floor,
+        "ingresses": {
+            ing: {
+                "noop_endpoint_p50_ms": [],
+                "arms": {name: {"max_rates": [], "overhead_p50_ms": [], "searches": []} for name in arms},
+            }
+            for ing in dict.fromkeys(ingresses)
+        },
     }
-    try:
-        base = LoadConfig(
-            url=url,
-            k=a.k,
-            slo_ms=a.slo_ms,
-            duration_s=a.duration,
-            warmup_s=a.warmup_s,
-            seed=a.seed,
-            timeout_s=max(10.0, 5 * a.slo_ms / 1e3),
+    t0 = time.time()
+    # Serve fixes its ingress when Ray starts, so each (repeat, ingress) is a fresh local Ray; ingresses
+    # alternate within a repeat and batching arms within an ingress, so drift hits every arm alike.
+    for rep in range(1 if a.floors_only else a.repeats):
+        for ing, record in out["ingresses"].items():
+            url = start_server(cfg, HttpSettings(port=a.port, ingress=ing))
+            try:
+                base = LoadConfig(
+                    url=url,
+                    k=a.k,
+                    slo_ms=a.slo_ms,
+                    duration_s=a.duration,
+                    warmup_s=a.warmup_s,
+                    seed=a.seed,
+                    timeout_s=max(10.0, 5 * a.slo_ms / 1e3),
+                )
+                health, dataset, histories = prepare(base, a.data)
+                floor = noop_latency(url)
+                record["noop_endpoint_p50_ms"].append(floor)
+                print(f"[{ing} rep {rep}] Serve floor: GET /health p50 {floor:.2f} ms", flush=True)
+                out["device"], out["threads"] = health.get("device"), health.get("threads")
+                for name, live in [] if a.floors_only else arms.items():
+                    reconfigure(cfg, **live)
+                    ctx = run_context(a.experiment, name, dataset, {**health, **live})
+                    arm = measure_arm(a, base, histories, ctx, tracking, tag=f"{ing} {name} rep {rep}")
+                    record["arms"][name]["overhead_p50_ms"].append(arm["overhead_p50_ms"])
+                    record["arms"][name]["max_rates"].append(arm["max_rate"])
+                    record["arms"][name]["searches"].append(arm["search"])
+            finally:
+                stop_server(shutdown_ray=True)
+    out["wall_s"] = time.time() - t0
+    for ing, record in out["ingresses"].items():
+        record["ratio_on_over_off"] = ratio_of_medians(
+            record["arms"]["batching=on"]["max_rates"], record["arms"]["batching=off"]["max_rates"]
         )
-        health, dataset, histories = prepare(base, a.data)
-        out["noop_endpoint_p50_ms"] = noop_latency(url)
-        print(f"Serve floor: GET /health p50 {out['noop_endpoint_p50_ms']:.2f} ms", flush=True)
-        out["device"] = health.get("device")
-        out["threads"] = health.get("threads")
-        t0 = time.time()
-        for rep in range(0 if a.floors_only else a.repeats):
-            for name, live in arms.items():
-                reconfigure(cfg, **live)
-                ctx = run_context(a.experiment, name, dataset, {**health, **live})
-                # Serve's own overhead at low load: one request at a time
-                low = replace(
-                    base,
-                    mode="closed",
-                    concurrency=1,
-                    warmup_s=0.0,
-                    warmup_requests=20,
-                    duration_s=a.overhead_requests / 50.0,  # about that many requests at ~20 ms each
-                )
-                res = run_one(low, histories, ctx, tracking)
-                out["arms"][name]["overhead_p50_ms"].append(res.summary.overhead_p50_ms)
+        floors = [round(x, 2) for x in record["noop_endpoint_p50_ms"]]
+        print(f"ingress {ing}: Serve no-op GET /health p50 {floors} ms")
+        for name, arm in record["arms"].items():
+            if arm["max_rates"]:
                 print(
-                    f"[{name} rep {rep}] low load: e2e p50 {res.summary.latency_ms['p50']:.2f} ms, "
-                    f"decode p50 {res.summary.decode_p50_ms:.2f} ms, "
-                    f"overhead p50 {res.summary.overhead_p50_ms:.2f} ms",
-                    flush=True,
+                    f"  {name}: max rate under P99 <= {a.slo_ms:g} ms: {arm['max_rates']} req/s; "
+                    f"low-load serve overhead p50 {[round(x, 2) for x in arm['overhead_p50_ms']]} ms"
                 )
-                measure = rate_measure(base, histories, ctx, tracking, progress=None)
-                search = find_max_rate(measure, a.start_rate, a.max_rate, refine_steps=a.refine_steps)
-                print(
-                    f"[{name} rep {rep}]\n" + format_sweep(search, a.slo_ms, base.max_unanswered_rate),
-                    flush=True,
-                )
-                out["arms"][name]["max_rates"].append(search.best_rate)
-                out["arms"][name]["searches"].append(
-                    [
-                        {
-                            "rate": p.rate,
-                            "p99_ms": p.p99_ms,
-                            "unanswered_rate": p.unanswered_rate,
-                            "meets": p.meets,
-                            "mean_batch": p.result.summary.batch_size_mean,
-                            "throughput_rps": p.result.summary.throughput_rps,
-                        }
-                        for p in sorted(search.points, key=lambda p: p.rate)
-                    ]
-                )
-        out["wall_s"] = time.time() - t0
-    finally:
-        stop_server(shutdown_ray=True)
-    on = [r or 0.0 for r in out["arms"]["batching=on"]["max_rates"]]
-    off = [r or 0.0 for r in out["arms"]["batching=off"]["max_rates"]]
-    out["ratio_on_over_off"] = (
-        statistics.median(on) / statistics.median(off) if off and min(off) > 0 else None
-    )
-    for name, arm in out["arms"].items():
-        print(
-            f"{name}: max rate under P99 <= {a.slo_ms:g} ms: {arm['max_rates']} req/s; "
-            f"low-load serve overhead p50 {[round(x, 2) for x in arm['overhead_p50_ms']]} ms"
-        )
-    print(f"ratio (median max rate, on / off): {out['ratio_on_over_off']}")
+        if record["ratio_on_over_off"] is not None:
+            print(f"  ratio (median max rate, on / off): {record['ratio_on_over_off']:.2f}")
     atomic_write_text(Path(a.out), json.dumps(out, indent=2) + "\n")
     print(f"wrote {a.out}")
     return out

@@ -54,7 +54,11 @@ def run_cli(argv: list[str]) -> int:
 def ray_session():
     """One local Ray instance (2 CPUs) for every test that needs Ray; trials and replicas use fractions."""
     ray = pytest.importorskip("ray")
+    from genrec.platform.serve.ingress import ingress_environment, started_with
+
     if not ray.is_initialized():
-        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="WARNING")
+        # the Serve tests run through the same ingress `genrec serve` picks by default
+        with started_with(ingress_environment("auto")):
+            ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="WARNING")
     yield ray
     ray.shutdown()

@@ -98,7 +98,7 @@ class StubServe:
                 "history_truncated": False,
                 "batch_size": batch,
                 "timings_ms": {
-                    "decode": self.service_s * 1000,
+                    "decoder_call": self.service_s * 1000,
                     "server": (time.perf_counter() - t0) * 1000,
                     "queue": queued * 1000,
                 },
@@ -266,7 +266,7 @@ def test_open_loop_warmup_is_recorded_but_not_counted(stub, histories):
     assert s.warmup == len(warm) and s.sent == len(records) - len(warm)
     assert s.sent == s.answered and s.rejected == s.errors == s.timeouts == 0
     assert s.latency_ms["p50"] >= 5.0 and s.latency_ms["p99"] >= s.latency_ms["p50"]
-    assert s.decode_p50_ms == pytest.approx(5.0) and s.overhead_p50_ms >= 0
+    assert s.decoder_p50_ms == pytest.approx(5.0) and s.overhead_p50_ms >= 0
     assert 1 <= s.batch_size_mean <= 8 and s.slo_met
     assert 20 < s.offered_rate_rps < 120 and s.throughput_rps > 20
     # the same seed sends the same schedule
@@ -324,7 +324,7 @@ def test_rows_go_to_parquet_and_mlflow(stub, histories, synth_dir, tmp_path):
         "status",
         "outcome",
         "batch_size",
-        "decode_ms",
+        "decoder_ms",
         "k",
     } <= set(table.columns)
     (row,) = read_rows(tmp_path, "lt-test")

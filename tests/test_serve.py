@@ -17,6 +17,7 @@ aiohttp = pytest.importorskip("aiohttp")
 
 from genrec.platform.actors import DecoderHost, HostConfig  # noqa: E402
 from genrec.platform.serve.config import ServeConfig  # noqa: E402
+from genrec.platform.serve.ingress import resolve_ingress  # noqa: E402
 from genrec.platform.serve.server import reconfigure, start_server, stop_server  # noqa: E402
 
 
@@ -75,6 +76,8 @@ def test_health_decoders_and_constraint_sets(app, synth_dir):
     assert health["dataset"] == str(synth_dir.resolve())
     assert health["decoders"] == ["beam", "static"]
     assert health["max_batch_size"] == 2
+    # the test Ray (conftest) starts with the default ingress: HAProxy in front when it is installed
+    assert health["ingress"] == resolve_ingress("auto")
     decoders = get(f"{url}/decoders")
     assert decoders["default"] == "beam"
     assert decoders["decoders"]["beam"]["defaults"] == {"beam_width": 8, "k": 5}
@@ -104,9 +107,10 @@ def test_recommend_matches_the_decoder_run_directly(app, tiny_model_dir, synth_d
         assert [i for i, _ in got] == [i for i, _ in want]
         assert all(abs(a - b) < 1e-4 for (_, a), (_, b) in zip(got, want))
         assert body["decoder"] == "beam" and body["k"] == 5
-        assert (
-            body["timings_ms"]["decode"] > 0 and body["timings_ms"]["server"] >= body["timings_ms"]["decode"]
-        )
+        t = body["timings_ms"]
+        # the whole decoder call holds its phases (the load generator's overhead subtracts the call)
+        assert t["prefill"] > 0 and t["decode"] > 0
+        assert t["decoder_call"] >= t["prefill"] + t["decode"] and t["server"] >= t["decoder_call"]
         assert 1 <= body["batch_size"] <= 2
 
 

@@ -50,11 +50,24 @@ def serve_command(
     ray_address: Annotated[
         str | None, typer.Option(help="Ray cluster to deploy on (default: local).")
     ] = None,
+    ingress: Annotated[
+        str,
+        typer.Option(
+            help="What receives HTTP: haproxy (replicas serve HTTP behind HAProxy), proxy (Serve's Python "
+            "proxy) or auto (haproxy when installed). Fixed when Ray starts; see docs/serving.md."
+        ),
+    ] = "auto",
 ) -> None:
     """Serve recommendations over HTTP: POST /recommend (and /rank with --ranking), GET /health, /decoders,
     /constraint-sets."""
     from genrec.platform.serve.config import read_serve_file
-    from genrec.platform.serve.server import HttpSettings, serve_config_from, start_server, stop_server
+    from genrec.platform.serve.server import (
+        HttpSettings,
+        get_json,
+        serve_config_from,
+        start_server,
+        stop_server,
+    )
 
     file = read_serve_file(config) if config is not None else None
     args = dict(file.args) if file else {}
@@ -82,6 +95,7 @@ def serve_command(
         host=host or (file.host if file else "127.0.0.1"),
         port=port or (file.port if file else 8000),
         request_timeout_s=file.request_timeout_s if file else None,
+        ingress=ingress,
     )
     typer.echo(
         f"starting Ray Serve: model {cfg.model}, decoders {cfg.decoders}, "
@@ -91,7 +105,7 @@ def serve_command(
         url = start_server(cfg, http, ray_address=ray_address, num_cpus=num_cpus)
     except RuntimeError as e:
         raise UserInputError(f"the app did not come up: {e}") from None
-    typer.echo(f"serving at {url}  (Ctrl-C stops)")
+    typer.echo(f"serving at {url} through {get_json(url + '/health').get('ingress')}  (Ctrl-C stops)")
     typer.echo(f"  curl -s {url}/health")
     typer.echo(
         f"  curl -s -X POST {url}/recommend -H 'content-type: application/json' "

@@ -46,6 +46,7 @@ from genrec.platform.serve.config import (
     check_model_dir,
     parse_serve_config,
 )
+from genrec.platform.serve.ingress import active_ingress
 from genrec.platform.serve.ranking import NO_RANKING_MODEL, RankingService
 from genrec.platform.serve.requests import Limits, RecommendJob, RequestError, parse_recommend
 from genrec.workloads.errors import UserInputError
@@ -90,7 +91,8 @@ def response_body(job: RecommendJob, row, out, queue_ms: float, batch: int) -> d
         "history_truncated": bool(job.truncated_from),
         "notes": list(job.notes),
         "batch_size": batch,
-        "timings_ms": {"queue": queue_ms, "decode": out.decode_ms, **out.timings_ms},
+        # decoder_call is the whole call; the decoder's own phases (prefill, decode, ...) sit beside it
+        "timings_ms": {"queue": queue_ms, "decoder_call": out.decode_ms, **out.timings_ms},
     }
 
 
@@ -176,6 +178,7 @@ class Recommender:
             "rejected": self.rejected,
             "inflight": self.inflight,
             "pid": os.getpid(),
+            "ingress": active_ingress(),
             "started_at": self.started_at,
             "ranking": self.ranking.describe() if self.ranking is not None else None,
         }

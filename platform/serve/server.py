@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -20,6 +21,7 @@ from genrec.platform.serve.config import (
     ServeConfig,
     check_model_dir,
 )
+from genrec.platform.serve.ingress import ingress_environment, resolve_ingress, started_with
 from genrec.workloads.errors import UserInputError
 
 APP_NAME = "genrec"
@@ -30,6 +32,7 @@ class HttpSettings:
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
     request_timeout_s: float | None = None  # Serve's proxy timeout (the app's own is ServeConfig's)
+    ingress: str = "auto"  # auto | haproxy | proxy: what receives HTTP (platform/serve/ingress.py)
 
 
 def get_json(url: str, timeout: float = 5.0) -> dict[str, Any]:
@@ -113,18 +116,27 @@ def start_server(
     http = http or HttpSettings()
     cfg = cfg.resolved()
     check_model_dir(cfg)
+    ingress = resolve_ingress(http.ingress)
     if not ray.is_initialized():
         address = ray_address or os.environ.get("RAY_ADDRESS") or "local"
         kwargs: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.WARNING}
         if address == "local":
             kwargs["num_cpus"] = num_cpus
-        ray.init(address=address, **kwargs)
+        # a local Ray's processes inherit this environment; a cluster keeps the one it started with
+        with started_with(ingress_environment(ingress) if address == "local" else {}):
+            ray.init(address=address, **kwargs)
     config = app_config(cfg, http, user_config)
     serve.start(http_options=config["http_options"])
     deploy(config)
     host = "127.0.0.1" if http.host in ("0.0.0.0", "::") else http.host
     url = f"http://{host}:{http.port}"
-    wait_healthy(url)
+    running = wait_healthy(url).get("ingress")
+    if running != ingress and http.ingress != "auto":
+        print(
+            f"note: asked for ingress {ingress}, but this Ray instance serves through {running}: Serve "
+            "fixes it when Ray starts (see platform/serve/ingress.py); restart Ray to change it",
+            file=sys.stderr,
+        )
     return url
 
 
