@@ -43,8 +43,9 @@ def benchmark_row(job: dict, run_id: str, params: dict, seed: int, metrics: dict
         "decoder": f"benchmark:{name}",
         "decoder_params": json.dumps(params, sort_keys=True),
         **{f"param_{k}": v for k, v in params.items()},
-        "dataset": "",
-        "model": "",
+        # benchmarks that read a dataset or checkpoint name it in their metrics (e.g. nezha_arm)
+        "dataset": str(metrics.get("dataset_name", "")),
+        "model": str(metrics.get("model", "")),
         "split": "",
         "seed": seed,
         **asdict(current_environment(torch.device(device))),

@@ -93,6 +93,10 @@ def test_benchmark_row_has_the_shared_columns():
     assert row["decoder"] == "benchmark:mari_matmul" and row["benchmark"] == "mari_matmul"
     assert row["param_b"] == 4 and json.loads(row["decoder_params"]) == {"b": 4, "d_user": 8}
     assert row["seed"] == 3 and row["threads"] >= 1 and "git_commit" in row and row["time_speedup"] > 0
+    assert row["dataset"] == ""  # a synthetic kernel benchmark reads no dataset
+    # a benchmark that reads one names it (nezha_arm's dataset_name), so reports can group by dataset
+    named = benchmark_row(job, "e-2", {"b": 4}, 3, {**metrics, "dataset_name": "beauty"}, "cpu")
+    assert named["dataset"] == "beauty"
 
 
 def test_tiny_benchmark_sweep_through_ray(ray_session, tmp_path):

@@ -37,6 +37,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from ray import serve
 from ray.serve.config import BackpressureConfig
+from starlette.requests import ClientDisconnect
 
 from genrec.platform.actors import DecoderHost, HostConfig, actor_resources
 from genrec.platform.serve.config import (
@@ -52,6 +53,7 @@ from genrec.platform.serve.requests import Limits, RecommendJob, RequestError, p
 from genrec.workloads.errors import UserInputError
 
 api = FastAPI(title="genrec-lab recommender", version="1")
+CLIENT_CLOSED = 499  # nginx's "client closed request": logged as a client event, not a server error
 
 # Everything the deployment class uses is defined above it: Serve serialises the class when the
 # decorator runs, so a helper defined further down would be missing in the replica.
@@ -215,6 +217,8 @@ class Recommender:
             job = parse_recommend(await request.body(), self.limits, self.host.resolve)
         except RequestError as e:
             return _error(e.status, e.message)
+        except ClientDisconnect:  # the client hung up before sending its body: nobody reads an answer
+            return _error(CLIENT_CLOSED, "client closed the connection")
         bound = self.cfg.max_queued_requests + self.batching.max_batch_size
         if self.inflight >= bound:  # the replica's bounded queue: turn away now, never drop later
             self.rejected += 1
@@ -253,6 +257,8 @@ class Recommender:
             return JSONResponse(self.ranking.answer(await request.body(), arrived))
         except RequestError as e:
             return _error(e.status, e.message)
+        except ClientDisconnect:
+            return _error(CLIENT_CLOSED, "client closed the connection")
 
     # ---- batching --------------------------------------------------------------------------------
     @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.005)  # replaced by user_config at start

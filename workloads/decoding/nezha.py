@@ -21,7 +21,6 @@ compare against; `reference_decode` is a per-user, per-beam transcription of Alg
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -67,14 +66,11 @@ class PrefixKeySets:
         return table[pos] == prefix_keys
 
 
-_PREFIX_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
 def prefix_sets(index: ItemIndex) -> PrefixKeySets:
-    """Built once per ItemIndex (the catalogue), reused by every batch."""
-    sets = _PREFIX_CACHE.get(index)
+    """Built once per ItemIndex (the catalogue) and kept on it, so every batch reuses it."""
+    sets = index.__dict__.get("_prefix_key_sets")
     if sets is None:
-        sets = _PREFIX_CACHE[index] = PrefixKeySets(index)
+        sets = index.__dict__["_prefix_key_sets"] = PrefixKeySets(index)
     return sets
 
 
