@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from dataclasses import replace
@@ -63,6 +64,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="only the floors: decoder alone (batch 1 vs max), plain uvicorn and Serve no-op latency",
     )
     p.add_argument("--overhead-requests", type=int, default=200, help="low-load requests per arm")
+    p.add_argument(
+        "--cpu-split-rates",
+        type=float,
+        nargs="*",
+        default=[],
+        help="after each arm's rate search, one load test per rate (up to the arm's max) that records CPU "
+        "ms per request of the client, the ingress, the replica and the rest of the machine (Linux)",
+    )
     p.add_argument("--port", type=int, default=8000)
     p.add_argument(
         "--ingress",
@@ -158,6 +167,60 @@ def plain_http_floor(n: int = 300) -> float:
         thread.join(timeout=10)
 
 
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds a process has used so far (Linux /proc), 0 if it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_busy_cpu_s() -> float:
+    """CPU seconds the whole machine has spent busy (not idle or waiting on I/O) so far."""
+    ticks = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def serving_processes(replica_pid: int) -> dict[int, str]:
+    """pid -> role of the processes a request passes through: the client (this process), the replica,
+    and the ingress (HAProxy or Serve's ProxyActor; HAProxy restarts on redeploys, so look again)."""
+    roles = {os.getpid(): "client", replica_pid: "replica"}
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                comm = (proc / "comm").read_text().strip()
+            except OSError:
+                continue
+            if comm == "haproxy" or "ProxyActor" in comm:
+                roles[int(proc.name)] = "ingress"
+    return roles
+
+
+def cpu_split(
+    a: argparse.Namespace, base: LoadConfig, histories, ctx, tracking: Tracking, rate: float
+) -> dict:
+    """One open-loop load test at `rate`: CPU milliseconds per request spent by the client, the ingress,
+    the replica and everything else on the machine (Ray's own processes, the OS). On a machine shared by
+    client and server, this shows which process runs out of CPU first."""
+    roles = serving_processes(int(ctx.health["pid"]))
+    before, busy0 = {pid: process_cpu_s(pid) for pid in roles}, machine_busy_cpu_s()
+    res = run_one(replace(base, rate=rate), histories, ctx, tracking)
+    after, busy1 = {pid: process_cpu_s(pid) for pid in roles}, machine_busy_cpu_s()
+    requests = max(1, res.summary.sent + res.summary.warmup)
+    split = dict.fromkeys(("client", "ingress", "replica"), 0.0)
+    for pid, role in roles.items():
+        split[role] += (after[pid] - before[pid]) * 1e3 / requests
+    split["other"] = (busy1 - busy0) * 1e3 / requests - sum(split.values())
+    return {
+        "rate": rate,
+        "mean_batch": res.summary.batch_size_mean,
+        "decoder_call_p50_ms": res.summary.decoder_p50_ms,
+        "p99_ms": res.summary.latency_ms["p99"],
+        "cpu_ms_per_request": split,
+    }
+
+
 def measure_arm(
     a: argparse.Namespace, base: LoadConfig, histories, ctx, tracking: Tracking, tag: str
 ) -> dict:
@@ -203,6 +266,14 @@ def ratio_of_medians(num: list, den: list) -> float | None:
     return statistics.median(num) / statistics.median(den) if num and den and min(den) > 0 else None
 
 
+def format_split(split: dict) -> str:
+    parts = ", ".join(f"{k} {v:.2f}" for k, v in split["cpu_ms_per_request"].items())
+    return (
+        f"{split['rate']:g} req/s, mean batch {split['mean_batch']:.1f}, decoder call p50 "
+        f"{split['decoder_call_p50_ms']:.2f} ms; CPU ms per request: {parts}"
+    )
+
+
 def main(argv: list[str] | None = None) -> dict:
     a = parse_args(argv)
     ingresses = [resolve_ingress(name) for name in a.ingress]  # bad or unavailable ones fail before any work
@@ -241,7 +312,10 @@ def main(argv: list[str] | None = None) -> dict:
         "ingresses": {
             ing: {
                 "noop_endpoint_p50_ms": [],
-                "arms": {name: {"max_rates": [], "overhead_p50_ms": [], "searches": []} for name in arms},
+                "arms": {
+                    name: {"max_rates": [], "overhead_p50_ms": [], "searches": [], "cpu_split": []}
+                    for name in arms
+                },
             }
             for ing in dict.fromkeys(ingresses)
         },
@@ -274,6 +348,11 @@ def main(argv: list[str] | None = None) -> dict:
                     record["arms"][name]["overhead_p50_ms"].append(arm["overhead_p50_ms"])
                     record["arms"][name]["max_rates"].append(arm["max_rate"])
                     record["arms"][name]["searches"].append(arm["search"])
+                    for rate in a.cpu_split_rates:
+                        if arm["max_rate"] and rate <= arm["max_rate"]:
+                            split = cpu_split(a, base, histories, ctx, tracking, rate)
+                            record["arms"][name]["cpu_split"].append({"repeat": rep, **split})
+                            print(f"[{ing} {name} rep {rep}] {format_split(split)}", flush=True)
             finally:
                 stop_server(shutdown_ray=True)
     out["wall_s"] = time.time() - t0

@@ -35,13 +35,8 @@ def test_environment_switches_serve_between_haproxy_and_its_proxy(monkeypatch):
     assert env["RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"] == ingress_mod.LOCAL_DRAIN_S
     monkeypatch.setenv("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", "30")  # the user's value wins
     assert ingress_environment("haproxy")["RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"] == "30"
-    monkeypatch.delenv("RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD", raising=False)
     proxy = ingress_environment("proxy")
-    assert proxy == {
-        "RAY_SERVE_ENABLE_HA_PROXY": "0",
-        "RAY_SERVE_ENABLE_DIRECT_INGRESS": "0",
-        "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
-    }
+    assert proxy == {"RAY_SERVE_ENABLE_HA_PROXY": "0", "RAY_SERVE_ENABLE_DIRECT_INGRESS": "0"}
 
 
 def test_started_with_restores_the_environment(monkeypatch):

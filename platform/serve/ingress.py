@@ -53,27 +53,16 @@ def resolve_ingress(name: str) -> str:
 
 
 def ingress_environment(ingress: str) -> dict[str, str]:
-    """The environment variables a Ray instance must start with to serve through `ingress`.
-
-    Both ingresses also run the app's handlers on the replica's own event loop rather than a second
-    loop in its own thread (`RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD=0`): the app decodes on its loop
-    by design (platform/serve/app.py), so the second thread only adds a hand-over and GIL traffic per
-    request. Values already in the environment win for both settings.
-    """
+    """The environment variables a Ray instance must start with to serve through `ingress`."""
     ingress = resolve_ingress(ingress)
-    env = {
-        "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": os.environ.get(
-            "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD", "0"
-        )
-    }
     if ingress == "haproxy":
-        env["RAY_SERVE_ENABLE_HA_PROXY"] = "1"
-        env["RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"] = os.environ.get(
-            "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", LOCAL_DRAIN_S
-        )
-    else:
-        env.update({"RAY_SERVE_ENABLE_HA_PROXY": "0", "RAY_SERVE_ENABLE_DIRECT_INGRESS": "0"})
-    return env
+        return {
+            "RAY_SERVE_ENABLE_HA_PROXY": "1",
+            "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": os.environ.get(
+                "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", LOCAL_DRAIN_S
+            ),
+        }
+    return {"RAY_SERVE_ENABLE_HA_PROXY": "0", "RAY_SERVE_ENABLE_DIRECT_INGRESS": "0"}
 
 
 @contextlib.contextmanager
