@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -301,7 +302,8 @@ def main(argv: list[str] | None = None) -> dict:
     plain_floor = plain_http_floor()
     print(f"plain uvicorn floor: no-op GET p50 {plain_floor:.2f} ms", flush=True)
     out: dict = {
-        "command": "python -m genrec.platform.serve_benchmark " + " ".join(argv or []),
+        "command": "python -m genrec.platform.serve_benchmark "
+        + " ".join(sys.argv[1:] if argv is None else argv),
         "model": a.model,
         "decoder": a.decoder,
         "beam_width": a.beam_width,
