@@ -53,6 +53,7 @@ CONFIG_PARAMS = (
     "param_batch_wait_timeout_s",
     "param_replicas",
     "param_ingress",
+    "param_handler_loop",
 )
 LATENCY_PANELS = ("latency_p50_ms", "latency_p95_ms", "latency_p99_ms")
 _MEAN_COLUMNS = (

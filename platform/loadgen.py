@@ -582,8 +582,9 @@ def decoder_params(cfg: LoadConfig, health: dict) -> dict:
     for key in ("max_batch_size", "batch_wait_timeout_s", "replicas"):
         if isinstance(health.get(key), int | float) and not isinstance(health.get(key), bool):
             params[key] = health[key]
-    if isinstance(health.get("ingress"), str):  # haproxy | proxy: Serve's per-request cost differs
-        params["ingress"] = health["ingress"]
+    for key in ("ingress", "handler_loop"):  # Serve's per-request cost differs between them
+        if isinstance(health.get(key), str):
+            params[key] = health[key]
     return params
 
 

@@ -36,7 +36,7 @@ from genrec.platform.loadgen import (
     run_one,
 )
 from genrec.platform.serve.config import ServeConfig
-from genrec.platform.serve.ingress import INGRESSES, resolve_ingress
+from genrec.platform.serve.ingress import HANDLER_LOOPS, INGRESSES, resolve_ingress
 from genrec.platform.serve.server import HttpSettings, reconfigure, start_server, stop_server
 from genrec.workloads.io import atomic_write_text
 from genrec.workloads.results import git_commit
@@ -80,6 +80,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=["auto"],
         choices=INGRESSES,
         help="what receives HTTP (several: each is measured, alternating; e.g. --ingress proxy haproxy)",
+    )
+    p.add_argument(
+        "--handler-loop",
+        nargs="+",
+        default=["thread"],
+        choices=HANDLER_LOOPS,
+        help="where replicas run the app's handlers: thread (Serve's default) or replica (its main loop); "
+        "several are measured like several ingresses",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--experiment", default="serve_batching")
@@ -267,6 +275,18 @@ def ratio_of_medians(num: list, den: list) -> float | None:
     return statistics.median(num) / statistics.median(den) if num and den and min(den) > 0 else None
 
 
+def variant_names(ingresses: list[str], loops: list[str]) -> list[str]:
+    """'haproxy' for Serve's default handler loop, 'haproxy+replica-loop' for handlers on the main loop."""
+    return list(
+        dict.fromkeys(i if loop == "thread" else f"{i}+{loop}-loop" for i in ingresses for loop in loops)
+    )
+
+
+def variant_settings(name: str) -> tuple[str, str]:
+    ingress, _, loop = name.partition("+")
+    return ingress, loop.removesuffix("-loop") or "thread"
+
+
 def format_split(split: dict) -> str:
     parts = ", ".join(f"{k} {v:.2f}" for k, v in split["cpu_ms_per_request"].items())
     return (
@@ -319,7 +339,7 @@ def main(argv: list[str] | None = None) -> dict:
                     for name in arms
                 },
             }
-            for ing in dict.fromkeys(ingresses)
+            for ing in variant_names(ingresses, a.handler_loop)
         },
     }
     t0 = time.time()
@@ -327,7 +347,8 @@ def main(argv: list[str] | None = None) -> dict:
     # alternate within a repeat and batching arms within an ingress, so drift hits every arm alike.
     for rep in range(1 if a.floors_only else a.repeats):
         for ing, record in out["ingresses"].items():
-            url = start_server(cfg, HttpSettings(port=a.port, ingress=ing))
+            ingress, loop = variant_settings(ing)
+            url = start_server(cfg, HttpSettings(port=a.port, ingress=ingress, handler_loop=loop))
             try:
                 base = LoadConfig(
                     url=url,

@@ -47,3 +47,27 @@ def test_started_with_restores_the_environment(monkeypatch):
         assert os.environ["RAY_SERVE_ENABLE_DIRECT_INGRESS"] == "1"
     assert os.environ["RAY_SERVE_ENABLE_HA_PROXY"] == "0"
     assert "RAY_SERVE_ENABLE_DIRECT_INGRESS" not in os.environ
+
+
+def test_handler_loop_maps_to_serves_thread_switch(monkeypatch):
+    monkeypatch.setattr(ingress_mod, "haproxy_available", lambda: True)
+    assert "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD" not in ingress_environment(
+        "haproxy"
+    )  # Serve's default
+    assert ingress_environment("haproxy", "thread")["RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD"] == "1"
+    assert ingress_environment("proxy", "replica")["RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD"] == "0"
+    with pytest.raises(UserInputError, match="handler_loop must be one of"):
+        ingress_environment("proxy", "main")
+
+
+def test_benchmark_variants_round_trip():
+    from genrec.platform.serve_benchmark import variant_names, variant_settings
+
+    names = variant_names(["proxy", "haproxy"], ["thread", "replica"])
+    assert names == ["proxy", "proxy+replica-loop", "haproxy", "haproxy+replica-loop"]
+    assert [variant_settings(n) for n in names] == [
+        ("proxy", "thread"),
+        ("proxy", "replica"),
+        ("haproxy", "thread"),
+        ("haproxy", "replica"),
+    ]

@@ -47,7 +47,7 @@ from genrec.platform.serve.config import (
     check_model_dir,
     parse_serve_config,
 )
-from genrec.platform.serve.ingress import active_ingress
+from genrec.platform.serve.ingress import active_handler_loop, active_ingress
 from genrec.platform.serve.ranking import NO_RANKING_MODEL, RankingService
 from genrec.platform.serve.requests import Limits, RecommendJob, RequestError, parse_recommend
 from genrec.workloads.errors import UserInputError
@@ -181,6 +181,7 @@ class Recommender:
             "inflight": self.inflight,
             "pid": os.getpid(),
             "ingress": active_ingress(),
+            "handler_loop": active_handler_loop(),
             "started_at": self.started_at,
             "ranking": self.ranking.describe() if self.ranking is not None else None,
         }

@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from genrec.workloads.errors import UserInputError
 
 INGRESSES = ("auto", "haproxy", "proxy")
+HANDLER_LOOPS = ("thread", "replica")
 
 # A direct-ingress replica normally stays up 30 s after it is told to stop, so that a cloud load balancer
 # can deregister it. HAProxy here is local and told at once; 2 s keeps Ctrl-C and test teardown quick.
@@ -53,17 +54,28 @@ def resolve_ingress(name: str) -> str:
     return name
 
 
-def ingress_environment(ingress: str) -> dict[str, str]:
-    """The environment variables a Ray instance must start with to serve through `ingress`."""
+def ingress_environment(ingress: str, handler_loop: str | None = None) -> dict[str, str]:
+    """The environment variables a Ray instance must start with to serve through `ingress`.
+
+    `handler_loop` (None keeps Serve's default, `thread`): where a replica runs the app's handlers,
+    on a second event loop in its own thread (`thread`) or on the replica's main loop (`replica`,
+    `RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD=0`).
+    """
     ingress = resolve_ingress(ingress)
     if ingress == "haproxy":
-        return {
+        env = {
             "RAY_SERVE_ENABLE_HA_PROXY": "1",
             "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": os.environ.get(
                 "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", LOCAL_DRAIN_S
             ),
         }
-    return {"RAY_SERVE_ENABLE_HA_PROXY": "0", "RAY_SERVE_ENABLE_DIRECT_INGRESS": "0"}
+    else:
+        env = {"RAY_SERVE_ENABLE_HA_PROXY": "0", "RAY_SERVE_ENABLE_DIRECT_INGRESS": "0"}
+    if handler_loop is not None:
+        if handler_loop not in HANDLER_LOOPS:
+            raise UserInputError(f"handler_loop must be one of {list(HANDLER_LOOPS)}, got {handler_loop!r}")
+        env["RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD"] = "1" if handler_loop == "thread" else "0"
+    return env
 
 
 @contextlib.contextmanager
@@ -79,6 +91,13 @@ def started_with(env: dict[str, str]) -> Iterator[None]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def active_handler_loop() -> str:
+    """'thread' (Serve's default) or 'replica': where this replica runs the app's handlers."""
+    from ray.serve._private import constants
+
+    return "thread" if getattr(constants, "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD", True) else "replica"
 
 
 def active_ingress() -> str:

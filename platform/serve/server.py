@@ -33,6 +33,7 @@ class HttpSettings:
     port: int = DEFAULT_PORT
     request_timeout_s: float | None = None  # Serve's proxy timeout (the app's own is ServeConfig's)
     ingress: str = "auto"  # auto | haproxy | proxy: what receives HTTP (platform/serve/ingress.py)
+    handler_loop: str | None = None  # thread | replica; None keeps Serve's default (thread)
 
 
 def get_json(url: str, timeout: float = 5.0) -> dict[str, Any]:
@@ -123,7 +124,8 @@ def start_server(
         if address == "local":
             kwargs["num_cpus"] = num_cpus
         # a local Ray's processes inherit this environment; a cluster keeps the one it started with
-        with started_with(ingress_environment(ingress) if address == "local" else {}):
+        env = ingress_environment(ingress, http.handler_loop) if address == "local" else {}
+        with started_with(env):
             ray.init(address=address, **kwargs)
     config = app_config(cfg, http, user_config)
     serve.start(http_options=config["http_options"])
