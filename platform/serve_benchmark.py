@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -38,8 +37,9 @@ from genrec.platform.loadgen import (
 from genrec.platform.serve.config import ServeConfig
 from genrec.platform.serve.ingress import HANDLER_LOOPS, INGRESSES, resolve_ingress
 from genrec.platform.serve.server import HttpSettings, reconfigure, start_server, stop_server
+from genrec.workloads.errors import UserInputError
 from genrec.workloads.io import atomic_write_text
-from genrec.workloads.results import git_commit
+from genrec.workloads.results import command_line, git_commit
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -206,9 +206,7 @@ def serving_processes(replica_pid: int) -> dict[int, str]:
     return roles
 
 
-def cpu_split(
-    a: argparse.Namespace, base: LoadConfig, histories, ctx, tracking: Tracking, rate: float
-) -> dict:
+def cpu_split(base: LoadConfig, histories, ctx, tracking: Tracking, rate: float) -> dict:
     """One open-loop load test at `rate`: CPU milliseconds per request spent by the client, the ingress,
     the replica and everything else on the machine (Ray's own processes, the OS). On a machine shared by
     client and server, this shows which process runs out of CPU first."""
@@ -298,6 +296,8 @@ def format_split(split: dict) -> str:
 def main(argv: list[str] | None = None) -> dict:
     a = parse_args(argv)
     ingresses = [resolve_ingress(name) for name in a.ingress]  # bad or unavailable ones fail before any work
+    if a.cpu_split_rates and not Path("/proc/stat").is_file():
+        raise UserInputError("--cpu-split-rates reads CPU times from /proc (Linux only); leave it out here")
     cfg = ServeConfig(
         model=Path(a.model),
         data=Path(a.data) if a.data else None,
@@ -322,8 +322,7 @@ def main(argv: list[str] | None = None) -> dict:
     plain_floor = plain_http_floor()
     print(f"plain uvicorn floor: no-op GET p50 {plain_floor:.2f} ms", flush=True)
     out: dict = {
-        "command": "python -m genrec.platform.serve_benchmark "
-        + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": command_line("genrec.platform.serve_benchmark", argv),
         "model": a.model,
         "decoder": a.decoder,
         "beam_width": a.beam_width,
@@ -373,7 +372,7 @@ def main(argv: list[str] | None = None) -> dict:
                     record["arms"][name]["searches"].append(arm["search"])
                     for rate in a.cpu_split_rates:
                         if arm["max_rate"] and rate <= arm["max_rate"]:
-                            split = cpu_split(a, base, histories, ctx, tracking, rate)
+                            split = cpu_split(base, histories, ctx, tracking, rate)
                             record["arms"][name]["cpu_split"].append({"repeat": rep, **split})
                             print(f"[{ing} {name} rep {rep}] {format_split(split)}", flush=True)
             finally:
@@ -399,4 +398,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except UserInputError as e:  # bad options: the message, not a traceback
+        raise SystemExit(f"error: {e}") from None

@@ -71,3 +71,24 @@ def test_benchmark_variants_round_trip():
         ("haproxy", "thread"),
         ("haproxy", "replica"),
     ]
+
+
+def test_results_record_the_command_line_quoted():
+    from genrec.workloads.results import command_line
+
+    assert command_line("genrec.x", ["--out", "a b", "--n", "2"]) == "python -m genrec.x --out 'a b' --n 2"
+
+
+def test_cpu_split_needs_proc(monkeypatch, tmp_path):
+    """Off Linux, --cpu-split-rates is refused before any server starts."""
+    from genrec.platform import serve_benchmark
+
+    real_path = serve_benchmark.Path
+    monkeypatch.setattr(
+        serve_benchmark,
+        "Path",
+        lambda p, *a: real_path(tmp_path / "none") if p == "/proc/stat" else real_path(p, *a),
+    )
+    with pytest.raises(UserInputError, match="Linux only"):
+        serve_benchmark.main(["--cpu-split-rates", "60", "--out", str(tmp_path / "out.json")])
+    assert not (tmp_path / "out.json").exists()

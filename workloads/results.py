@@ -10,6 +10,7 @@ import json
 import os
 import platform as py_platform
 import resource
+import shlex
 import subprocess
 import sys
 import uuid
@@ -31,6 +32,12 @@ class Environment:
     python_version: str
     git_commit: str
     host: str
+
+
+def command_line(module: str, argv: list[str] | None = None) -> str:
+    """How a `python -m module` run was invoked (argv None: this process's own arguments), for results
+    files to record next to their figures."""
+    return f"python -m {module} " + shlex.join(sys.argv[1:] if argv is None else argv)
 
 
 def git_commit(repo: Path | None = None) -> str:

@@ -153,9 +153,8 @@ def arm_point(
         "latency_p50_ms": row.latency_ms["p50"],
         "latency_p99_ms": row.latency_ms["p99"],
         "prefill_ms": timings.get("prefill", 0.0),
-        "decode_ms": timings.get(
-            "decode", 0.0
-        ),  # beam steps, or NEZHA's draft + verify (the paper's LT split)
+        # beam steps, or NEZHA's draft + verify (the paper's LT split)
+        "decode_ms": timings.get("decode", 0.0),
         "verify_ms": timings.get("verify", 0.0),
         "users": row.users,
         "dataset_name": ds.manifest.name,

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
-import sys
 import time
 
 import numpy as np
@@ -33,7 +31,7 @@ from genrec.workloads.errors import UserInputError
 from genrec.workloads.evaluation import load_context
 from genrec.workloads.io import atomic_write_text
 from genrec.workloads.metrics import ranking_metrics
-from genrec.workloads.results import current_environment
+from genrec.workloads.results import command_line, current_environment
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -156,7 +154,7 @@ def main(argv: list[str] | None = None) -> dict:
     summary["verify_share_of_nezha"] = d["nezha"]["phases_ms"].get("verify", 0.0) / d["nezha"]["median_ms"]
     summary["verification_microbench"] = verification_microbench(nezha_ctx, k, args.batch_size)
     summary["setup"] = {
-        "command": "python -m genrec.workloads.benchmarks.nezha_latency " + shlex.join(argv or sys.argv[1:]),
+        "command": command_line("genrec.workloads.benchmarks.nezha_latency", argv),
         "dataset": ds.manifest.name,
         "model_size": sizes["beam"],
         "users": len(examples),

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
-import sys
 import time
 from pathlib import Path
 
 from genrec.workloads.io import atomic_write_text
+from genrec.workloads.results import command_line
 from genrec.workloads.training.trainer import TrainConfig
 
 
@@ -52,7 +51,7 @@ def train_config(args: argparse.Namespace, seed: int) -> TrainConfig:
 def write_summary(module: str, argv: list[str] | None, args: argparse.Namespace, t0: float, **parts) -> dict:
     """summary.json under --out: the command that produced it, its options, `parts` and wall time."""
     summary = {
-        "command": f"python -m {module} " + shlex.join(sys.argv[1:] if argv is None else argv),
+        "command": command_line(module, argv),
         "args": vars(args),
         **parts,
         "seconds": time.perf_counter() - t0,
