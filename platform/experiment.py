@@ -76,6 +76,7 @@ class TrainSpec(_Strict):
     threads: int = 0
     objective: str = "next_item"  # next_item | nezha | mtp (a draft head's loss; issue 6)
     head_variant: str = "full"  # a NEZHA ablation: full | no_context | no_placeholder | add
+    head_batching: str = "packed"  # packed | per_example (how a head objective batches its targets)
 
     def to_train_config(self):  # -> genrec.workloads.training.trainer.TrainConfig (imported lazily)
         from genrec.workloads.training.trainer import TrainConfig
@@ -90,6 +91,7 @@ class TrainSpec(_Strict):
             threads=self.threads,
             objective=self.objective,
             head_variant=self.head_variant,
+            head_batching=self.head_batching,
         )
 
 

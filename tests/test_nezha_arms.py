@@ -43,9 +43,14 @@ def test_checkpoint_names_change_with_the_training_configuration(tmp_path):
         TrainConfig(**{**vars(base), "epochs": 9}),
         TrainConfig(**{**vars(base), "head_variant": "add"}),
         TrainConfig(**{**vars(base), "seed": 43}),
+        TrainConfig(**{**vars(base), "head_batching": "per_example"}),
     ):
         assert checkpoint_dir(tmp_path, "data", changed) != same
     assert checkpoint_dir(tmp_path, "other-data", base) != same
+    # next_item ignores head_batching, so the beam arms keep one checkpoint for either
+    beam = TrainConfig(model_size="tiny", epochs=8, seed=42)
+    per_example = TrainConfig(**{**vars(beam), "head_batching": "per_example"})
+    assert checkpoint_dir(tmp_path, "data", beam) == checkpoint_dir(tmp_path, "data", per_example)
 
 
 def test_unknown_arms_and_bad_budgets_are_rejected():

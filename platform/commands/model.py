@@ -63,6 +63,13 @@ def train_command(
             help="NEZHA ablation: full, no_context (NEZHA-1), no_placeholder (NEZHA-2), add (NEZHA-3)."
         ),
     ] = "full",
+    head_batching: Annotated[
+        str,
+        typer.Option(
+            help="How nezha/mtp batch their targets: packed (the next_item windows, same steps as "
+            "next_item; default) or per_example (one prompt per target)."
+        ),
+    ] = "packed",
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
 ) -> None:
     """Train the GR transformer on a dataset's train split (validation loss picks the best epoch)."""
@@ -82,6 +89,7 @@ def train_command(
         max_steps=max_steps,
         objective=objective,
         head_variant=head_variant,
+        head_batching=head_batching,
     )
     result = train(data, out, cfg, progress=not quiet)
     typer.echo(

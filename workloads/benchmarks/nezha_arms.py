@@ -10,8 +10,9 @@ An arm is a training objective (and NEZHA head variant) plus a decoder:
     nezha-4   the nezha checkpoint, no verification
     mtp       parallel heads (MTP), final verification
     beam-converged  next_item with 5x the epoch budget (early stopping ends it when validation stops
-              improving): next_item packs many targets per window, so at equal epochs it takes far
-              fewer optimiser steps than the head objectives; this arm shows how much of a gap is that
+              improving): shows whether the shared epoch budget let beam search converge. With
+              head_batching="per_example" the head objectives take about 5x more optimiser steps per
+              epoch than next_item; with "packed" (the default) they take the same steps
 
 `arm_point(arm, seed, ...)` trains the arm's checkpoint for that seed (or reuses one already trained
 with the same configuration: nezha and nezha-4 share theirs), evaluates it on the test split and
@@ -58,7 +59,10 @@ QUALITY_KEYS = ("hr@5", "ndcg@5", "recall@5", "hr@10", "ndcg@10", "recall@10")
 def checkpoint_dir(models_dir: str | Path, data: str | Path, cfg: TrainConfig) -> Path:
     """Where the arm's checkpoint lives: named by objective, variant and seed, plus a hash of the
     dataset path and the whole training configuration (a changed budget never reuses a stale one)."""
-    key = json.dumps({"data": str(Path(data).resolve()), **asdict(cfg)}, sort_keys=True)
+    fields = asdict(cfg)
+    if cfg.objective == "next_item":  # next_item ignores head_batching: one checkpoint for either
+        fields.pop("head_batching")
+    key = json.dumps({"data": str(Path(data).resolve()), **fields}, sort_keys=True)
     digest = hashlib.sha256(key.encode()).hexdigest()[:10]
     variant = "" if cfg.head_variant == "full" else f"-{cfg.head_variant}"
     return Path(models_dir) / f"{cfg.model_size}-{cfg.objective}{variant}-seed{cfg.seed}-{digest}"
@@ -100,6 +104,7 @@ def arm_point(
     seed: int = 42,
     threads: int = 1,
     device: str = "cpu",
+    head_batching: str = "packed",
     progress: bool = False,
 ) -> dict:
     """Train (or reuse) the arm's checkpoint for `seed` and evaluate it on the test split."""
@@ -121,6 +126,7 @@ def arm_point(
         threads=threads,
         objective=spec.objective,
         head_variant=spec.head_variant,
+        head_batching=head_batching,
     )
     cfg.validate()
     model_dir = checkpoint_dir(models_dir, data, cfg)

@@ -28,6 +28,12 @@ def add_training_arguments(p: argparse.ArgumentParser, seeds: list[int], beam_wi
     p.add_argument("--beam-width", type=int, default=beam_width)
     p.add_argument("--device", default="auto")
     p.add_argument("--threads", type=int, default=0)
+    p.add_argument(
+        "--head-batching",
+        default="packed",
+        choices=["packed", "per_example"],
+        help="how nezha/mtp batch their targets (packed: the next_item windows and steps)",
+    )
     p.add_argument("--quiet", action="store_true")
 
 
@@ -41,6 +47,7 @@ def training_kwargs(args: argparse.Namespace) -> dict:
         "patience": args.patience,
         "device": args.device,
         "threads": args.threads,
+        "head_batching": args.head_batching,
     }
 
 

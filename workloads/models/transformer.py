@@ -98,6 +98,21 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
+def causal_attention_inputs(tokens: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
+    """RoPE positions [B, S] and attention mask [B, S, S] of left-padded causal rows.
+
+    Positions count real tokens only; a pad query sees only itself, so no softmax row is empty
+    (its output is never used).
+    """
+    if mask is None:
+        mask = torch.ones_like(tokens, dtype=torch.bool)
+    s = tokens.shape[1]
+    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    causal = torch.ones(s, s, dtype=torch.bool, device=tokens.device).tril()
+    eye = torch.eye(s, dtype=torch.bool, device=tokens.device)
+    return positions, (causal & mask[:, None, :]) | eye
+
+
 # --- the KV cache -----------------------------------------------------------------------------
 @dataclass
 class KVCache:
@@ -270,22 +285,36 @@ class GRTransformer(nn.Module):
         hidden = self.hidden_states(tokens, mask)
         return self.lm_head(hidden), hidden
 
-    def hidden_states(self, tokens: Tensor, mask: Tensor | None = None) -> Tensor:
-        """Final (normed) hidden states [B, S, D]; training projects only the labelled positions."""
-        return self._run_full(tokens, mask, keep_kv=False)[0]
+    def hidden_states(
+        self,
+        tokens: Tensor,
+        mask: Tensor | None = None,
+        *,
+        positions: Tensor | None = None,
+        attn_mask: Tensor | None = None,
+    ) -> Tensor:
+        """Final (normed) hidden states [B, S, D]; training projects only the labelled positions.
 
-    def _run_full(self, tokens: Tensor, mask: Tensor | None, keep_kv: bool):
-        if mask is None:
-            mask = torch.ones_like(tokens, dtype=torch.bool)
-        b, s = tokens.shape
+        By default the rows are left-padded causal sequences (`mask`). Packed training passes its own
+        `positions` [B, S] (RoPE positions) and `attn_mask` [B, S, S] (True = query may attend key)
+        instead, e.g. several prompts sharing one history (training/packed_head_batch.py).
+        """
+        if (positions is None) != (attn_mask is None):
+            raise ValueError("give positions and attn_mask together, or neither")
+        if attn_mask is None:
+            self._check_length(tokens.shape[1])
+            positions, attn_mask = causal_attention_inputs(tokens, mask)
+        else:  # packed rows may be longer than max_seq_len; their positions may not
+            self._check_length(int(positions.max()) + 1)
+        return self._run_full(tokens, positions, attn_mask, keep_kv=False)[0]
+
+    def _check_length(self, s: int) -> None:
         if s > self.config.max_seq_len:
             raise ValueError(f"sequence of {s} tokens exceeds max_seq_len {self.config.max_seq_len}")
-        positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+
+    def _run_full(self, tokens: Tensor, positions: Tensor, attn_mask: Tensor, keep_kv: bool):
         cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta)
-        causal = torch.ones(s, s, dtype=torch.bool, device=tokens.device).tril()
-        # a pad query sees only itself, so no softmax row is empty (its output is never used)
-        eye = torch.eye(s, dtype=torch.bool, device=tokens.device)
-        attn_mask = ((causal & mask[:, None, :]) | eye)[:, None]  # [B, 1, S, S]
+        attn_mask = attn_mask[:, None]  # [B, 1, S, S]: one mask for every head
         x = self.embed_tokens(tokens)
         ks, vs = [], []
         for block in self.layers:
@@ -303,7 +332,8 @@ class GRTransformer(nn.Module):
         """Run the left-padded prompts once; the last column must be a real token of every row."""
         if not bool(mask[:, -1].all()):
             raise ValueError("prompts must be left-padded: the last position of every row must be real")
-        hidden, ks, vs = self._run_full(tokens, mask, keep_kv=True)
+        self._check_length(tokens.shape[1])
+        hidden, ks, vs = self._run_full(tokens, *causal_attention_inputs(tokens, mask), keep_kv=True)
         last = hidden[:, -1]
         cache = KVCache(ks, vs, mask, mask.long().sum(-1))
         return PrefillOutput(self.lm_head(last), last, cache, hidden if return_all_hidden else None)

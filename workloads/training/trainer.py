@@ -37,6 +37,7 @@ from genrec.workloads.models.nezha_head import HEAD_VARIANTS, attach_head
 from genrec.workloads.models.transformer import MODEL_SIZES, GRTransformer, model_config_for
 
 OBJECTIVES = ("next_item", "nezha", "mtp")
+HEAD_BATCHING = ("packed", "per_example")  # training/nezha_objective.py
 
 
 @dataclass
@@ -60,6 +61,9 @@ class TrainConfig:
     # (training/nezha_objective.py); head_variant picks a NEZHA ablation (models/nezha_head.py)
     objective: str = "next_item"
     head_variant: str = "full"
+    # how a head objective batches its targets: packed (the next-item windows, the same optimiser
+    # steps as next_item) or per_example (one prompt per target); next_item always uses windows
+    head_batching: str = "packed"
 
     def validate(self) -> None:
         problems = []
@@ -78,6 +82,8 @@ class TrainConfig:
             problems.append(f"head_variant must be one of {sorted(HEAD_VARIANTS)}, got {self.head_variant!r}")
         elif self.head_variant != "full" and self.objective != "nezha":
             problems.append(f"head_variant {self.head_variant!r} needs --objective nezha")
+        if self.head_batching not in HEAD_BATCHING:
+            problems.append(f"head_batching must be one of {list(HEAD_BATCHING)}, got {self.head_batching!r}")
         if self.device == "cuda" and not torch.cuda.is_available():
             problems.append("device cuda asked for, but no CUDA device is available; use --device cpu")
         if problems:
@@ -204,7 +210,7 @@ def train(
         # built after the backbone, so the backbone starts from the same weights as a next_item run
         objective = HeadObjective(
             cfg.objective, cfg.head_variant, model, codec, item_tokens, ds.item_codes(), seqs,
-            val_windows, cfg.max_items, device, autocast,
+            val_windows, cfg.max_items, device, autocast, cfg.head_batching,
         )  # fmt: skip
         attach_head(model, objective.head)
     trainable = model if objective is None else objective.trainable
