@@ -59,6 +59,9 @@ def test_unknown_arms_and_bad_budgets_are_rejected():
         bench.check({"arm": "medusa"})
     with pytest.raises(UserInputError, match="epochs"):
         bench.check({"arm": "beam", "epochs": 0})
+    with pytest.raises(UserInputError, match="head_batching must be one of"):
+        bench.check({"arm": "nezha", "head_batching": "bucketed"})
+    bench.check({"arm": "nezha", "head_batching": "per_example"})
     assert set(ARMS) == {"beam", "nezha", "nezha-1", "nezha-2", "nezha-3", "nezha-4", "mtp", "beam-converged"}
     assert ARMS["beam-converged"].epoch_factor == 5 and ARMS["beam"].epoch_factor == 1
 

@@ -28,6 +28,9 @@ def test_nezha_below_beam_is_significant_only_when_it_is_lower_every_seed():
     assert tests["nezha_below_mtp"]["hr@10"]["p_value"] > 0.95  # NEZHA is above MTP
     assert "| nezha | 0.1100 ± 0.0100" in table  # mean ± sample std over seeds
     assert "| 1.00 | 2.00 |" in table  # prefill and decode (system time excluded) columns
+    for run, steps in zip(runs, (100, 110, 120)):
+        run["train"] = {arm: {"train_steps": steps, "train_seconds": 10.0} for arm in DEFAULT_ARMS}
+    assert "| 2.00 | 110 | 10 |" in summarise(runs)[0]  # mean optimiser steps and seconds per arm
 
 
 def test_runner_trains_and_evaluates_the_chosen_arms_per_seed(synth_dir, tmp_path):

@@ -97,6 +97,15 @@ def test_packed_rows_are_left_padded_and_pads_see_only_themselves():
     assert batch.state_index.tolist() == [[1, 3], [2, 4], [5 + 3, 5 + 4]]
     with pytest.raises(ValueError, match="3 targets impossible for 3 items"):
         build_packed_head_batch([([0, 1, 2], 3)], item_tokens, [99])
+    # a packed row may be longer than max_seq_len as long as its positions fit
+    torch.manual_seed(0)
+    model = GRTransformer(ModelConfig(vocab_size=100, dim=8, n_layers=1, n_heads=2, max_seq_len=4))
+    long = build_packed_head_batch([([0, 1, 2], 2)], item_tokens, [99])  # 5 tokens, positions 0..3
+    assert model.hidden_states(long.tokens, positions=long.positions, attn_mask=long.attn_mask).shape[1] == 5
+    with pytest.raises(ValueError, match="position 4 is beyond max_seq_len 4"):
+        model.hidden_states(long.tokens, positions=long.positions + 1, attn_mask=long.attn_mask)
+    with pytest.raises(ValueError, match="together"):
+        model.hidden_states(long.tokens, positions=long.positions)
 
 
 @pytest.mark.parametrize("kind,variant", [("nezha", "full"), ("nezha", "no_placeholder"), ("mtp", "full")])

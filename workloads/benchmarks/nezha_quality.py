@@ -71,8 +71,9 @@ def run_seed(args: argparse.Namespace, seed: int) -> dict:
 
 def summarise(runs: list[dict]) -> tuple[str, dict]:
     arms = [a for a in ARMS if a in runs[0]["arms"]]
-    lines = ["| decoder | " + " | ".join((*QUALITY, "valid share", "prefill ms", "decode ms")) + " |"]
-    lines.append("|---" * (len(QUALITY) + 4) + "|")
+    extra = ("valid share", "prefill ms", "decode ms", "train steps", "train s")
+    lines = ["| decoder | " + " | ".join((*QUALITY, *extra)) + " |"]
+    lines.append("|---" * (len(QUALITY) + len(extra) + 1) + "|")
     for arm in arms:
         cells = []
         for m in QUALITY:
@@ -83,7 +84,14 @@ def summarise(runs: list[dict]) -> tuple[str, dict]:
         t = [r["arms"][arm]["timings_ms"] for r in runs]
         prefill = np.mean([x.get("prefill", 0.0) for x in t])
         decode = np.mean([x.get("decode", 0.0) for x in t])  # beam steps, or NEZHA's draft + verify
-        lines.append(f"| {arm} | " + " | ".join(cells) + f" | {valid:.4f} | {prefill:.2f} | {decode:.2f} |")
+        # the optimiser steps and seconds that trained the arm's checkpoints (the budget check)
+        trained = [r.get("train", {}).get(arm, {}) for r in runs]
+        steps = np.mean([x.get("train_steps", np.nan) for x in trained])
+        seconds = np.mean([x.get("train_seconds", np.nan) for x in trained])
+        lines.append(
+            f"| {arm} | " + " | ".join(cells)
+            + f" | {valid:.4f} | {prefill:.2f} | {decode:.2f} | {steps:.0f} | {seconds:.0f} |"
+        )  # fmt: skip
     tests = {}
     if len(runs) >= 2:
         for other in (o for o in COMPARED if "nezha" in arms and o in arms):

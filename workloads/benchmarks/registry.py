@@ -17,6 +17,7 @@ from genrec.workloads.benchmarks.mari_model import model_point
 from genrec.workloads.benchmarks.nezha_arms import ARMS, arm_point
 from genrec.workloads.benchmarks.static_point import KERNELS, SCALING_BACKENDS, branch_point, scaling_point
 from genrec.workloads.errors import UserInputError
+from genrec.workloads.training.trainer import HEAD_BATCHING
 
 FILLED_BY_TRIAL = ("seed", "threads", "device")
 
@@ -96,6 +97,10 @@ def _nezha_check(params: dict) -> None:
     )
     if params.get("arm") not in ARMS:
         raise UserInputError(f"arm must be one of {list(ARMS)}, got {params.get('arm')!r}")
+    if params.get("head_batching", "packed") not in HEAD_BATCHING:
+        raise UserInputError(
+            f"head_batching must be one of {list(HEAD_BATCHING)}, got {params['head_batching']!r}"
+        )
 
 
 BENCHMARKS: dict[str, Benchmark] = {
@@ -159,6 +164,7 @@ BENCHMARKS: dict[str, Benchmark] = {
                 "prefill_ms",
                 "decode_ms",
                 "train_seconds",
+                "train_steps",
             ),
             "one arm of the NEZHA comparison (beam, nezha, nezha-1..4, mtp): train for a seed, then evaluate",
             _nezha_check,

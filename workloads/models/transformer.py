@@ -304,8 +304,10 @@ class GRTransformer(nn.Module):
         if attn_mask is None:
             self._check_length(tokens.shape[1])
             positions, attn_mask = causal_attention_inputs(tokens, mask)
-        else:  # packed rows may be longer than max_seq_len; their positions may not
-            self._check_length(int(positions.max()) + 1)
+        elif int(positions.max()) >= self.config.max_seq_len:  # packed rows may be longer; positions not
+            raise ValueError(
+                f"position {int(positions.max())} is beyond max_seq_len {self.config.max_seq_len}"
+            )
         return self._run_full(tokens, positions, attn_mask, keep_kv=False)[0]
 
     def _check_length(self, s: int) -> None:
