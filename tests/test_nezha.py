@@ -309,6 +309,24 @@ def test_cli_eval_with_the_nezha_decoder(nezha_model_dir, tmp_path, capsys):
     assert run_cli(["eval", "--model", str(tmp_path / "plain"), "--decoder", "nezha", "--quiet"]) == 2
 
 
+def test_latency_benchmark_times_every_decoder_on_the_same_users(tiny_model_dir, nezha_model_dir, tmp_path):
+    import json
+
+    from genrec.workloads.benchmarks.nezha_latency import main
+
+    argv = ["--beam-model", str(tiny_model_dir), "--nezha-model", str(nezha_model_dir), "--users", "12"]
+    argv += ["--batch-size", "4", "--repeats", "1", "--warmup", "1", "--out", str(tmp_path / "lat.json")]
+    out = main(argv)
+    d = out["decoders"]
+    assert set(d) == {"beam", "nezha", "nezha-4", "nezha-every"}
+    assert json.loads((tmp_path / "lat.json").read_text())["decoders"].keys() == d.keys()
+    assert out["speedup_beam_over_nezha"] == pytest.approx(d["beam"]["median_ms"] / d["nezha"]["median_ms"])
+    prefill = d["nezha"]["phases_ms"]["prefill"]
+    assert out["speedup_ceiling_free_draft"] == pytest.approx(d["beam"]["median_ms"] / prefill)
+    assert d["nezha-4"]["phases_ms"]["verify"] < d["nezha"]["phases_ms"]["verify"]  # NEZHA-4 skips the check
+    assert out["setup"]["users"] == 12 and out["setup"]["model_size"] == "tiny"
+
+
 def test_train_config_rejects_unknown_objectives_and_misplaced_variants():
     with pytest.raises(UserInputError, match="objective"):
         TrainConfig(objective="medusa").validate()

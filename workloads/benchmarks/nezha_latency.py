@@ -11,7 +11,8 @@ affects all alike. Per decoder: end-to-end per-batch latency (median, p99), the 
 DecodeResult (prefill, draft, verify, decode), and quality on the measured users. Decoders:
 beam (next-item model), nezha (verify=final), nezha-4 (verify=none), nezha-every (verify=every),
 mtp (if given). Also: the verification's share of NEZHA's latency, the share of users whose list
-holds K valid items, and a micro-benchmark of the device verification (sorted keys + searchsorted)
+holds K valid items, the ceiling on the speed-up (beam search over NEZHA's prefill alone: what a
+free draft would give), and a micro-benchmark of the device verification (sorted keys + searchsorted)
 against the Python-set reference on the same K x K candidate codes.
 """
 
@@ -151,6 +152,9 @@ def main(argv: list[str] | None = None) -> dict:
         }
     d = summary["decoders"]
     summary["speedup_beam_over_nezha"] = d["beam"]["median_ms"] / d["nezha"]["median_ms"]
+    # NEZHA cannot beat its own prefill: beam search's latency over it is the speed-up a free draft
+    # and free verification would give, so a target above it is out of reach for this backbone
+    summary["speedup_ceiling_free_draft"] = d["beam"]["median_ms"] / d["nezha"]["phases_ms"]["prefill"]
     summary["verify_share_of_nezha"] = d["nezha"]["phases_ms"].get("verify", 0.0) / d["nezha"]["median_ms"]
     summary["verification_microbench"] = verification_microbench(nezha_ctx, k, args.batch_size)
     summary["setup"] = {
@@ -174,7 +178,8 @@ def main(argv: list[str] | None = None) -> dict:
             f"{r['quality']['hr@10']:6.3f} {r['quality']['ndcg@10']:7.3f} {r['users_with_k_valid']:7.3f}"
         )
     print(
-        f"beam / nezha median latency: {summary['speedup_beam_over_nezha']:.2f}x; "
+        f"beam / nezha median latency: {summary['speedup_beam_over_nezha']:.2f}x "
+        f"(ceiling with a free draft: {summary['speedup_ceiling_free_draft']:.2f}x); "
         f"verification {100 * summary['verify_share_of_nezha']:.1f}% of nezha's latency; "
         f"verify micro-bench {summary['verification_microbench']}"
     )
