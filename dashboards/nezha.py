@@ -35,6 +35,7 @@ TABLE_COLUMNS = (
     ("ndcg@5", "NDCG@5", 4),
     ("ndcg@10", "NDCG@10", 4),
     ("valid_share", "returned valid", 4),
+    ("users_with_k_valid", "users with K valid", 4),
     ("drafts_valid_share", "drafts valid", 4),
     ("latency_p50_ms", "p50 ms / batch", 2),
     ("prefill_ms", "prefill ms", 2),
@@ -117,9 +118,10 @@ def dataset_sections(df: pd.DataFrame, label: str, anchor: str, figure: _FigureW
             )
     note = (
         '<p class="note">Every arm of a seed is trained from that seed with the same data, size and '
-        "epoch budget. nezha-4 decodes the nezha checkpoint without verification. "
-        "<em>returned valid</em>: share of returned slots holding an item; <em>drafts valid</em>: share "
-        "of the unverified top-K drafts that are items (head decoders).</p>"
+        "epoch budget. nezha-4 decodes the nezha checkpoint without verification, nezha-every with "
+        "verification at every step. <em>returned valid</em>: share of returned slots holding an item; "
+        "<em>users with K valid</em>: share of users whose list holds K items; <em>drafts valid</em>: "
+        "share of the unverified top-K drafts that are items (head decoders).</p>"
     )
     return [
         (f"{anchor}-table", f"{label}: arms", note + table),

@@ -21,7 +21,11 @@ def test_arms_share_a_checkpoint_only_when_they_train_the_same_way(synth_dir, tm
     nezha4 = arm_point("nezha-4", data=str(synth_dir), models_dir=str(models), seed=7, **QUICK)
     nezha = arm_point("nezha", data=str(synth_dir), models_dir=str(models), seed=7, **QUICK)
     beam = arm_point("beam", data=str(synth_dir), models_dir=str(models), seed=7, **QUICK)
-    assert nezha["model_dir"] == nezha4["model_dir"] != beam["model_dir"]
+    every = arm_point("nezha-every", data=str(synth_dir), models_dir=str(models), seed=7, **QUICK)
+    assert nezha["model_dir"] == nezha4["model_dir"] == every["model_dir"] != beam["model_dir"]
+    # checking every step's prefixes leaves only beams that can end in an item: K items per user
+    assert every["invalid_rate"] == every["missing_rate"] == 0.0 and every["users_with_k_valid"] == 1.0
+    assert 0.0 <= nezha4["users_with_k_valid"] <= nezha["users_with_k_valid"] <= 1.0
     assert len([p for p in models.iterdir() if p.is_dir()]) == 2  # nezha-4 trained it, nezha reused it
     # same checkpoint, same drafts: verification can only drop SIDs that are not items
     assert nezha["drafts_valid_share"] == pytest.approx(nezha4["drafts_valid_share"])
@@ -62,7 +66,9 @@ def test_unknown_arms_and_bad_budgets_are_rejected():
     with pytest.raises(UserInputError, match="head_batching must be one of"):
         bench.check({"arm": "nezha", "head_batching": "bucketed"})
     bench.check({"arm": "nezha", "head_batching": "per_example"})
-    assert set(ARMS) == {"beam", "nezha", "nezha-1", "nezha-2", "nezha-3", "nezha-4", "mtp", "beam-converged"}
+    assert set(ARMS) == {
+        "beam", "nezha", "nezha-1", "nezha-2", "nezha-3", "nezha-4", "nezha-every", "mtp", "beam-converged"
+    }  # fmt: skip
     assert ARMS["beam-converged"].epoch_factor == 5 and ARMS["beam"].epoch_factor == 1
 
 

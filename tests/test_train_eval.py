@@ -53,6 +53,7 @@ def test_eval_counts_missing_slots_apart_from_invalid_ones(tiny_model_dir):
     row = evaluate(ctx, ds, EvalConfig(decoder="static", params=params, max_users=8), progress=False).row
     assert row.quality["invalid_rate"] == 0.0
     assert row.quality["missing_rate"] == pytest.approx(0.7)
+    assert row.quality["users_with_k_valid"] == 0.0  # nobody can get 10 items out of 3
 
 
 def test_learning_rate_schedule_warms_up_then_decays():

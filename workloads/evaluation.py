@@ -107,7 +107,7 @@ def evaluate(
     for batch in batches[: cfg.warmup_batches]:  # warm-up: allocator, kernels, caches; not timed
         decoder.decode(ctx, [ex.history for ex in batch], params)
 
-    ranked, valid_flags, missing_flags, latencies = [], [], [], []
+    ranked, valid_flags, missing_flags, full_lists, latencies = [], [], [], [], []
     phase_totals: dict[str, float] = {}
     counter_totals: dict[str, float] = {}
     t_start = time.perf_counter()
@@ -123,6 +123,7 @@ def evaluate(
         valid_flags.append(res.valid.cpu().numpy().reshape(-1))
         # a slot with score -inf holds no SID (e.g. STATIC found fewer valid completions than k)
         missing_flags.append((~torch.isfinite(res.scores)).cpu().numpy().reshape(-1))
+        full_lists.append(res.valid.all(dim=1).cpu().numpy())  # users given k items, every one valid
         for k, v in res.timings_ms.items():
             phase_totals[k] = phase_totals.get(k, 0.0) + v
         for k, v in res.counters.items():
@@ -135,6 +136,7 @@ def evaluate(
     # shares of all returned slots: invalid = an SID outside the catalogue, missing = no SID at all
     quality["invalid_rate"] = float((~valid & ~missing).mean())
     quality["missing_rate"] = float(missing.mean())
+    quality["users_with_k_valid"] = float(np.concatenate(full_lists).mean())
     row = ResultRow(
         decoder=cfg.decoder,
         decoder_params=vars(params).copy(),

@@ -8,6 +8,8 @@ An arm is a training objective (and NEZHA head variant) plus a decoder:
     nezha-2   head without the placeholder states (no_placeholder), final verification
     nezha-3   addition instead of the RNN transition (add), final verification
     nezha-4   the nezha checkpoint, no verification
+    nezha-every  the nezha checkpoint, verification at every step (invalid prefixes never survive, so
+              every user gets K items whenever K valid ones exist under the head's beams)
     mtp       parallel heads (MTP), final verification
     beam-converged  next_item with 5x the epoch budget (early stopping ends it when validation stops
               improving): shows whether the shared epoch budget let beam search converge. With
@@ -50,6 +52,7 @@ ARMS: dict[str, Arm] = {
     "nezha-2": Arm("nezha", "no_placeholder", "nezha", "final"),
     "nezha-3": Arm("nezha", "add", "nezha", "final"),
     "nezha-4": Arm("nezha", "full", "nezha", "none"),
+    "nezha-every": Arm("nezha", "full", "nezha", "every"),
     "mtp": Arm("mtp", "full", "mtp", "final"),
     "beam-converged": Arm("next_item", "full", "beam", None, epoch_factor=5),
 }
@@ -154,6 +157,7 @@ def arm_point(
         "invalid_rate": q["invalid_rate"],
         "missing_rate": q.get("missing_rate", 0.0),
         "valid_share": 1.0 - q["invalid_rate"] - q.get("missing_rate", 0.0),
+        "users_with_k_valid": q["users_with_k_valid"],  # the issue's "K valid items for 99% of users"
         # head decoders: share of the unverified top-K drafts that are items (NEZHA-4's list)
         "drafts_valid_share": counters["drafts_valid"] / candidates if candidates else float("nan"),
         "latency_p50_ms": row.latency_ms["p50"],

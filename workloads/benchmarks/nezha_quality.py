@@ -59,7 +59,7 @@ def run_seed(args: argparse.Namespace, seed: int) -> dict:
         train_keys = ("train_seconds", "train_steps", "best_epoch", "best_val_loss", "history_blind_val_loss")
         out["train"][arm] = {k: r[k] for k in (*train_keys, "model_dir")}
         out["arms"][arm] = {
-            "quality": {k: r[k] for k in (*QUALITY, "invalid_rate", "missing_rate")},
+            "quality": {k: r[k] for k in (*QUALITY, "invalid_rate", "missing_rate", "users_with_k_valid")},
             "latency_p50_ms": r["latency_p50_ms"],
             "timings_ms": {"prefill": r["prefill_ms"], "decode": r["decode_ms"], "verify": r["verify_ms"]},
             "drafts_valid_share": r["drafts_valid_share"],
@@ -71,7 +71,7 @@ def run_seed(args: argparse.Namespace, seed: int) -> dict:
 
 def summarise(runs: list[dict]) -> tuple[str, dict]:
     arms = [a for a in ARMS if a in runs[0]["arms"]]
-    extra = ("valid share", "prefill ms", "decode ms", "train steps", "train s")
+    extra = ("valid share", "users with K valid", "prefill ms", "decode ms", "train steps", "train s")
     lines = ["| decoder | " + " | ".join((*QUALITY, *extra)) + " |"]
     lines.append("|---" * (len(QUALITY) + len(extra) + 1) + "|")
     for arm in arms:
@@ -81,6 +81,7 @@ def summarise(runs: list[dict]) -> tuple[str, dict]:
             cells.append(f"{v.mean():.4f} ± {v.std(ddof=1) if len(v) > 1 else 0:.4f}")
         q = [r["arms"][arm]["quality"] for r in runs]
         valid = np.mean([1 - x["invalid_rate"] - x.get("missing_rate", 0.0) for x in q])
+        full = np.mean([x.get("users_with_k_valid", np.nan) for x in q])
         t = [r["arms"][arm]["timings_ms"] for r in runs]
         prefill = np.mean([x.get("prefill", 0.0) for x in t])
         decode = np.mean([x.get("decode", 0.0) for x in t])  # beam steps, or NEZHA's draft + verify
@@ -90,7 +91,7 @@ def summarise(runs: list[dict]) -> tuple[str, dict]:
         seconds = np.mean([x.get("train_seconds", np.nan) for x in trained])
         lines.append(
             f"| {arm} | " + " | ".join(cells)
-            + f" | {valid:.4f} | {prefill:.2f} | {decode:.2f} | {steps:.0f} | {seconds:.0f} |"
+            + f" | {valid:.4f} | {full:.4f} | {prefill:.2f} | {decode:.2f} | {steps:.0f} | {seconds:.0f} |"
         )  # fmt: skip
     tests = {}
     if len(runs) >= 2:

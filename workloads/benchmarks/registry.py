@@ -159,6 +159,7 @@ BENCHMARKS: dict[str, Benchmark] = {
                 "hr@5",
                 "ndcg@5",
                 "valid_share",
+                "users_with_k_valid",
                 "drafts_valid_share",
                 "latency_p50_ms",
                 "prefill_ms",
