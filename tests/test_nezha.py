@@ -171,6 +171,34 @@ def test_prefix_key_sets_agree_with_python_sets(sizes, n_items, n_queries, seed)
         assert got == want
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 7), min_size=1, max_size=4),
+    n_items=st.integers(1, 60),
+    seed=st.integers(0, 2**16),
+    dense=st.booleans(),
+)
+def test_valid_children_equal_the_python_set_on_every_child(sizes, n_items, seed, dense):
+    sizes = tuple(sizes)
+    codec = SIDCodec(sizes)
+    items = random_items(sizes, n_items, seed)
+    pyset = PythonSetVerifier(codec, items)
+    # dense: one child table per level; otherwise every child is searched (the large-catalogue path)
+    prefixes = PrefixKeySets(ItemIndex(codec, items), max_child_table=1 << 20 if dense else 0)
+    assert all((t is not None) == dense for t in prefixes.child_tables)
+    rng = np.random.default_rng(seed + 1)
+    random_codes = np.stack([rng.integers(0, t, 20) for t in sizes], axis=1)
+    for level in range(codec.levels):
+        # parents: valid prefixes of the items, plus random (mostly invalid) ones
+        parent_codes = np.concatenate([items, random_codes])[:, :level]
+        parent_keys = np.zeros(len(parent_codes), dtype=np.int64)
+        for j in range(level):  # the mixed-radix key of the first `level` codes
+            parent_keys = parent_keys * sizes[j] + parent_codes[:, j]
+        got = prefixes.valid_children(level, torch.as_tensor(parent_keys)).tolist()
+        want = [[pyset.contains((*map(int, p), c)) for c in range(sizes[level])] for p in parent_codes]
+        assert got == want
+
+
 @settings(max_examples=40, deadline=None)
 @given(sizes=st.lists(st.integers(1, 9), min_size=1, max_size=4))
 def test_codec_keys_are_a_bijection_onto_the_sid_space(sizes):

@@ -51,11 +51,26 @@ class PrefixKeySets:
     level's tensor is the valid-SID set itself (ItemIndex.keys).
     """
 
-    def __init__(self, index: ItemIndex) -> None:
+    def __init__(self, index: ItemIndex, max_child_table: int = 1 << 26) -> None:
         self.codec = index.codec
         w = self.codec.radix_weights()
         keys = index.keys
         self.level_keys = [torch.unique(keys // int(w[l])) for l in range(self.codec.levels - 1)] + [keys]
+        # child_tables[l][r, c]: whether valid prefix r of level l-1 (its rank in level_keys[l-1]; the
+        # empty prefix for l = 0) extends by code c to a valid level-l prefix. One row per beam
+        # replaces T_l searches per beam at every step; None where the table would exceed
+        # max_child_table entries (the search is used there).
+        self.child_tables: list[torch.Tensor | None] = []
+        for level, t in enumerate(self.codec.codebook_sizes):
+            parents = self.level_keys[level - 1] if level else keys.new_zeros(1)
+            if len(parents) * t > max_child_table:
+                self.child_tables.append(None)
+                continue
+            table = torch.zeros(len(parents), t, dtype=torch.bool, device=keys.device)
+            children = self.level_keys[level]
+            rows = torch.searchsorted(parents, children // t) if level else torch.zeros_like(children)
+            table[rows, children % t] = True
+            self.child_tables.append(table)
 
     def contains(self, level: int, prefix_keys: torch.Tensor) -> torch.Tensor:
         """Bool tensor: whether each prefix key (of codes 0..level) is a valid prefix."""
@@ -64,6 +79,25 @@ class PrefixKeySets:
             return torch.zeros_like(prefix_keys, dtype=torch.bool)
         pos = torch.searchsorted(table, prefix_keys).clamp(max=len(table) - 1)
         return table[pos] == prefix_keys
+
+    def valid_children(self, level: int, parent_keys: torch.Tensor) -> torch.Tensor:
+        """[..., T_level] bool: which codes extend each parent prefix (codes 0..level-1) validly.
+
+        Equal to contains(level, parent * T_level + code) for every code; a parent that is not a
+        valid prefix has no valid child.
+        """
+        t = self.codec.codebook_sizes[level]
+        table = self.child_tables[level]
+        if table is None:
+            codes = torch.arange(t, device=parent_keys.device)
+            return self.contains(level, parent_keys[..., None] * t + codes)
+        if level == 0:
+            return table[0].expand(*parent_keys.shape, t)
+        parents = self.level_keys[level - 1]
+        if len(parents) == 0:
+            return torch.zeros(*parent_keys.shape, t, dtype=torch.bool, device=parent_keys.device)
+        rank = torch.searchsorted(parents, parent_keys).clamp(max=len(parents) - 1)
+        return table[rank] & (parents[rank] == parent_keys)[..., None]
 
 
 def prefix_sets(index: ItemIndex) -> PrefixKeySets:
@@ -130,8 +164,7 @@ def head_beam_search(
             lp = torch.log_softmax(head.beam_logits(level, states, s, w).float(), dim=-1)  # [B, w, t]
         if verify == "every":
             with timer.phase("verify"):
-                child_keys = pkeys[:, :, None] * t + torch.arange(t, device=device)  # [B, w, t]
-                lp = lp.masked_fill(~prefixes.contains(level, child_keys), NEG_INF)
+                lp = lp.masked_fill(~prefixes.valid_children(level, pkeys), NEG_INF)  # [B, w, t]
         with timer.phase("draft"):
             kk = min(k, t)
             top_lp, top_code = lp.topk(kk, dim=-1)  # each beam's top K codes: [B, w, kk]
