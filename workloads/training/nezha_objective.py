@@ -9,7 +9,8 @@ the batch's targets). Backbone and head are optimised together. Two ways to batc
 
     packed       (default) the next-item model's training windows, every target of a window in one
                  sequence that shares the history (training/packed_head_batch.py): the same windows,
-                 targets and optimiser steps as the beam-search model, and about 3x fewer tokens
+                 targets and optimiser steps as the beam-search model, and fewer tokens (each
+                 history is laid out once per window, not once per target)
     per_example  one prompt per target with up to `max_items` items before it, shuffled across users
                  (about 5x more optimiser steps per epoch than next-item training on Beauty)
 
