@@ -17,7 +17,7 @@ from genrec.workloads.benchmarks.mari_model import model_point
 from genrec.workloads.benchmarks.nezha_arms import ARMS, arm_point
 from genrec.workloads.benchmarks.static_point import KERNELS, SCALING_BACKENDS, branch_point, scaling_point
 from genrec.workloads.errors import UserInputError
-from genrec.workloads.training.trainer import HEAD_BATCHING
+from genrec.workloads.training.trainer import TrainConfig
 
 FILLED_BY_TRIAL = ("seed", "threads", "device")
 
@@ -97,10 +97,8 @@ def _nezha_check(params: dict) -> None:
     )
     if params.get("arm") not in ARMS:
         raise UserInputError(f"arm must be one of {list(ARMS)}, got {params.get('arm')!r}")
-    if params.get("head_batching", "packed") not in HEAD_BATCHING:
-        raise UserInputError(
-            f"head_batching must be one of {list(HEAD_BATCHING)}, got {params['head_batching']!r}"
-        )
+    if "head_batching" in params:  # TrainConfig's own check, before Ray starts
+        TrainConfig(head_batching=params["head_batching"]).validate()
 
 
 BENCHMARKS: dict[str, Benchmark] = {

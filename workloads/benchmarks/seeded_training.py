@@ -13,7 +13,7 @@ from pathlib import Path
 
 from genrec.workloads.io import atomic_write_text
 from genrec.workloads.results import command_line
-from genrec.workloads.training.trainer import TrainConfig
+from genrec.workloads.training.trainer import HEAD_BATCHING, TrainConfig
 
 
 def add_training_arguments(p: argparse.ArgumentParser, seeds: list[int], beam_width: int) -> None:
@@ -31,7 +31,7 @@ def add_training_arguments(p: argparse.ArgumentParser, seeds: list[int], beam_wi
     p.add_argument(
         "--head-batching",
         default="packed",
-        choices=["packed", "per_example"],
+        choices=list(HEAD_BATCHING),
         help="how nezha/mtp batch their targets (packed: the next_item windows and steps)",
     )
     p.add_argument("--quiet", action="store_true")

@@ -127,8 +127,9 @@ class HeadObjective:
         self.item_tokens, self.max_items, self.batching = item_tokens, max_items, batching
         self.item_codes = torch.as_tensor(np.asarray(item_codes, dtype=np.int64))
         # per_example: one (history, target) per target; packed: the next-item model's windows
-        self.examples = head_examples(sequences, max_items)
-        self.windows = training_windows(sequences, max_items) if batching == "packed" else []
+        packed = batching == "packed"
+        self.examples = [] if packed else head_examples(sequences, max_items)
+        self.windows = training_windows(sequences, max_items) if packed else []
         self.val_examples = [(list(w[:-1]), int(w[-1])) for w in val_windows]
         # one module holding both, so the trainer's optimiser and clipping see every parameter
         self.trainable = nn.ModuleDict({"model": model, "head": self.head})
@@ -184,6 +185,8 @@ class HeadObjective:
         return float(sum(levels)), levels
 
     def history_blind_val_loss(self) -> float:
-        train = self.item_codes[[t for _, t in self.examples]].numpy()
+        # both batchings train on every target after a sequence's first, once per epoch
+        targets = [t for _, t in self.examples] + [t for w, n in self.windows for t in w[len(w) - n :]]
+        train = self.item_codes[targets].numpy()
         val = self.item_codes[[t for _, t in self.val_examples]].numpy()
         return history_blind_loss(self.config, train, val)
