@@ -49,3 +49,34 @@ def test_runner_trains_and_evaluates_the_chosen_arms_per_seed(synth_dir, tmp_pat
         assert run["train"]["beam"]["model_dir"] != run["train"]["nezha"]["model_dir"]
     assert set(summary["tests"]) == {"nezha_below_beam"}  # mtp did not run
     assert set(summary["tests"]["nezha_below_beam"]) == set(QUALITY)
+
+
+def test_parallel_training_trains_each_shared_checkpoint_once_and_evaluation_reuses_it(synth_dir, tmp_path):
+    import json
+
+    from genrec.workloads.benchmarks.nezha_quality import needed_checkpoints, parse_args
+
+    argv = ["--data", str(synth_dir), "--out", str(tmp_path), "--model-size", "tiny", "--seeds", "1", "2"]
+    argv += ["--epochs", "1", "--batch-size", "64", "--arms", "beam", "nezha", "nezha-4", "nezha-every"]
+    argv += ["--max-users", "8", "--eval-batch-size", "8", "--device", "cpu", "--threads", "1", "--quiet"]
+    # beam + one nezha checkpoint (shared by nezha, nezha-4, nezha-every) per seed
+    needed = needed_checkpoints(parse_args(argv))
+    assert len(needed) == 4 and {c.seed for c in needed.values()} == {1, 2}
+
+    trained = main([*argv, "--train-jobs", "2", "--train-only"])
+    assert sorted(trained["trained"]) == sorted(d.name for d in needed)
+    assert "runs" not in trained  # --train-only evaluates nothing
+    for d in needed:
+        assert "train_seconds" in json.loads((d / "config.json").read_text())
+
+    summary = main([*argv, "--train-jobs", "2"])
+    assert summary["trained"] == []  # every checkpoint was reused
+    assert {r["train"]["nezha-every"]["model_dir"] for r in summary["runs"]} <= {str(d) for d in needed}
+
+
+def test_train_jobs_below_one_is_refused(synth_dir, tmp_path):
+    import pytest
+
+    with pytest.raises(SystemExit):
+        main(["--data", str(synth_dir), "--out", str(tmp_path / "x"), "--train-jobs", "0"])
+    assert not (tmp_path / "x").exists()

@@ -71,7 +71,23 @@ def checkpoint_dir(models_dir: str | Path, data: str | Path, cfg: TrainConfig) -
     return Path(models_dir) / f"{cfg.model_size}-{cfg.objective}{variant}-seed{cfg.seed}-{digest}"
 
 
-def _finished(model_dir: Path) -> bool:
+def arm_train_config(arm: str, *, epochs: int, **shared) -> TrainConfig:
+    """The arm's TrainConfig: the fields every arm shares (`shared`, seed included), plus the arm's
+    objective, head variant and epoch budget."""
+    if arm not in ARMS:
+        raise UserInputError(f"arm must be one of {list(ARMS)}, got {arm!r}")
+    spec = ARMS[arm]
+    cfg = TrainConfig(
+        **shared,
+        epochs=epochs * spec.epoch_factor,
+        objective=spec.objective,
+        head_variant=spec.head_variant,
+    )
+    cfg.validate()
+    return cfg
+
+
+def finished(model_dir: Path) -> bool:
     """Training writes train_seconds into config.json after its last epoch."""
     config = model_dir / "config.json"
     return config.exists() and "train_seconds" in json.loads(config.read_text())
@@ -87,7 +103,7 @@ def ensure_trained(data: str | Path, model_dir: Path, cfg: TrainConfig, progress
     model_dir.parent.mkdir(parents=True, exist_ok=True)
     with open(model_dir.parent / f"{model_dir.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not _finished(model_dir):
+        if not finished(model_dir):
             train(data, model_dir, cfg, progress=progress)
 
 
@@ -114,12 +130,10 @@ def arm_point(
     from genrec.workloads.decoding import mtp as _mtp  # noqa: F401  (registers nezha and mtp)
     from genrec.workloads.evaluation import EvalConfig, evaluate, load_context
 
-    if arm not in ARMS:
-        raise UserInputError(f"arm must be one of {list(ARMS)}, got {arm!r}")
-    spec = ARMS[arm]
-    cfg = TrainConfig(
+    cfg = arm_train_config(  # refuses an unknown arm
+        arm,
         model_size=model_size,
-        epochs=epochs * spec.epoch_factor,
+        epochs=epochs,
         lr=lr,
         batch_size=batch_size,
         patience=patience,
@@ -127,11 +141,9 @@ def arm_point(
         seed=seed,
         device=device,
         threads=threads,
-        objective=spec.objective,
-        head_variant=spec.head_variant,
         head_batching=head_batching,
     )
-    cfg.validate()
+    spec = ARMS[arm]
     model_dir = checkpoint_dir(models_dir, data, cfg)
     ensure_trained(data, model_dir, cfg, progress)
     ctx, ds, ckpt = load_context(model_dir, data, device)

@@ -1,12 +1,16 @@
 """NEZHA vs beam search vs MTP quality over seeds, without Ray (issue 6's comparison on a GPU machine).
 
     python -m genrec.workloads.benchmarks.nezha_quality --data runs/data/beauty --model-size small \
-        --seeds 42 43 44 --beam-width 10 --out runs/bench/nezha_beauty [--arms beam nezha nezha-4 mtp ...]
+        --seeds 42 43 44 --beam-width 10 --out runs/bench/nezha_beauty [--arms beam nezha nezha-4 mtp ...] \
+        [--train-jobs 9] [--train-only]
 
 Every arm runs through `nezha_arms.arm_point`, the same code as the `nezha_arm` sweep benchmark:
 for each seed the arm's checkpoint is trained from that seed with the same data, size, learning rate
 and epoch budget (checkpoints are kept under --out and reused by a later run with the same training
 configuration; nezha and nezha-4 share one), then evaluated on the test split at the same beam width.
+With --train-jobs N, every checkpoint the run needs is first trained in up to N processes at once
+(a small backbone leaves a GPU mostly idle, so several trainings share it well); evaluation and
+latency then run in this process alone, after all training has ended. --train-only stops there.
 
 Reported: HR/NDCG/Recall@5/10 per arm (mean ± std over seeds), latency split into prefill and
 decode, the share of returned slots that hold items, and one-sided paired t-tests over seeds of H1
@@ -17,11 +21,21 @@ decode, the share of returned slots that hold items, and one-sided paired t-test
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
 
 import numpy as np
 
-from genrec.workloads.benchmarks.nezha_arms import ARMS, arm_point
+from genrec.workloads.benchmarks.nezha_arms import (
+    ARMS,
+    arm_point,
+    arm_train_config,
+    checkpoint_dir,
+    ensure_trained,
+    finished,
+)
 from genrec.workloads.benchmarks.seeded_training import add_training_arguments, training_kwargs, write_summary
 from genrec.workloads.metrics import paired_t_test_less
 from genrec.workloads.results import current_environment
@@ -38,7 +52,48 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--arms", nargs="+", default=list(DEFAULT_ARMS), choices=list(ARMS))
     p.add_argument("--eval-batch-size", type=int, default=64)
     p.add_argument("--max-users", type=int, default=0, help="0 = every test user")
-    return p.parse_args(argv)
+    p.add_argument(
+        "--train-jobs",
+        type=int,
+        default=1,
+        help="train up to N checkpoints at once, one process each, before evaluating (1 = in turn)",
+    )
+    p.add_argument("--train-only", action="store_true", help="train the checkpoints, evaluate nothing")
+    args = p.parse_args(argv)
+    if args.train_jobs < 1:
+        p.error(f"--train-jobs must be at least 1, got {args.train_jobs}")
+    return args
+
+
+def needed_checkpoints(args: argparse.Namespace) -> dict[Path, object]:
+    """{checkpoint folder: TrainConfig} for every (seed, arm) of the run; arms that share a
+    checkpoint (nezha, nezha-4, nezha-every) appear once."""
+    out = {}
+    for seed in args.seeds:
+        for arm in args.arms:
+            cfg = arm_train_config(arm, **training_kwargs(args), seed=seed)
+            out.setdefault(checkpoint_dir(args.out, args.data, cfg), cfg)
+    return out
+
+
+def train_checkpoints(args: argparse.Namespace) -> list[str]:
+    """Train the run's unfinished checkpoints in up to --train-jobs processes; their names, in the
+    order they finished. Spawned (not forked) processes, so each gets its own CUDA context."""
+    todo = [(d, c) for d, c in needed_checkpoints(args).items() if not finished(d)]
+    if args.train_jobs == 1 or len(todo) <= 1:
+        for d, c in todo:
+            ensure_trained(args.data, d, c, progress=not args.quiet)
+        return [d.name for d, _ in todo]
+    t0, done = time.perf_counter(), []
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=min(args.train_jobs, len(todo)), mp_context=ctx) as pool:
+        futures = {pool.submit(ensure_trained, args.data, d, c, False): d for d, c in todo}
+        for future in as_completed(futures):
+            future.result()  # a failed training stops the run with its own error
+            done.append(futures[future].name)
+            elapsed = time.perf_counter() - t0
+            print(f"trained {done[-1]} ({len(done)}/{len(todo)}, {elapsed:.0f} s)", flush=True)
+    return done
 
 
 def run_seed(args: argparse.Namespace, seed: int) -> dict:
@@ -115,11 +170,14 @@ def summarise(runs: list[dict]) -> tuple[str, dict]:
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     t0 = time.perf_counter()
+    trained = train_checkpoints(args)
+    module = "genrec.workloads.benchmarks.nezha_quality"
+    if args.train_only:
+        return write_summary(module, argv, args, t0, trained=trained)
     runs = [run_seed(args, s) for s in args.seeds]
     table, tests = summarise(runs)
     print(table)
-    module = "genrec.workloads.benchmarks.nezha_quality"
-    return write_summary(module, argv, args, t0, runs=runs, tests=tests, table=table)
+    return write_summary(module, argv, args, t0, trained=trained, runs=runs, tests=tests, table=table)
 
 
 if __name__ == "__main__":
