@@ -353,6 +353,7 @@ def test_latency_benchmark_times_every_decoder_on_the_same_users(tiny_model_dir,
     assert out["speedup_ceiling_free_draft"] == pytest.approx(d["beam"]["median_ms"] / prefill)
     assert d["nezha-4"]["phases_ms"]["verify"] < d["nezha"]["phases_ms"]["verify"]  # NEZHA-4 skips the check
     assert out["setup"]["users"] == 12 and out["setup"]["model_size"] == "tiny"
+    assert out["setup"]["env"]["device"].startswith("cpu")  # the default: the CPU target
 
 
 def test_train_config_rejects_unknown_objectives_and_misplaced_variants():

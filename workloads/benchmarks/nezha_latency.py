@@ -3,7 +3,7 @@
     python -m genrec.workloads.benchmarks.nezha_latency --beam-model runs/models/tiny \\
         --nezha-model runs/models/tiny-nezha [--mtp-model runs/models/tiny-mtp] [--data DIR] \\
         --beam-width 10 --users 256 --batch-size 32 --repeats 5 --warmup 2 --threads 1 \\
-        [--out runs/bench/nezha_latency.json]
+        [--device cpu|cuda|auto] [--out runs/bench/nezha_latency.json]
 
 The models should share a backbone size (checked). Every decoder runs on the SAME batches of the
 first `--users` test users, interleaved batch by batch with the order rotated per repeat, so drift
@@ -49,6 +49,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=5, help="timed passes over all batches")
     p.add_argument("--warmup", type=int, default=2, help="untimed batches per decoder")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (0 = leave as is)")
+    p.add_argument("--device", default="cpu", help="cpu (the issue's target machine), cuda or auto")
     p.add_argument("--out", default=None, help="write the summary as JSON here")
     return p.parse_args(argv)
 
@@ -86,8 +87,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    beam_ctx, ds, beam_ckpt = load_context(args.beam_model, args.data, "cpu")
-    nezha_ctx, _, nezha_ckpt = load_context(args.nezha_model, str(ds.root), "cpu")
+    beam_ctx, ds, beam_ckpt = load_context(args.beam_model, args.data, args.device)
+    nezha_ctx, _, nezha_ckpt = load_context(args.nezha_model, str(ds.root), args.device)
     runs = [
         ("beam", beam_ctx, "beam", {}),
         ("nezha", nezha_ctx, "nezha", {"verify": "final"}),
@@ -96,7 +97,7 @@ def main(argv: list[str] | None = None) -> dict:
     ]
     sizes = {"beam": beam_ckpt.meta.get("model_size"), "nezha": nezha_ckpt.meta.get("model_size")}
     if args.mtp_model:
-        mtp_ctx, _, mtp_ckpt = load_context(args.mtp_model, str(ds.root), "cpu")
+        mtp_ctx, _, mtp_ckpt = load_context(args.mtp_model, str(ds.root), args.device)
         runs.append(("mtp", mtp_ctx, "mtp", {}))
         sizes["mtp"] = mtp_ckpt.meta.get("model_size")
     if len(set(sizes.values())) != 1:
@@ -126,6 +127,8 @@ def main(argv: list[str] | None = None) -> dict:
                 ctx, dec, params = decoders[label]
                 t0 = time.perf_counter_ns()
                 res = dec.decode(ctx, hist, params)
+                if ctx.device.type == "cuda":  # the decoder's last GPU work belongs to this batch
+                    torch.cuda.synchronize()
                 lat[label].append((time.perf_counter_ns() - t0) / 1e6)
                 for ph, v in res.timings_ms.items():
                     phases[label][ph] = phases[label].get(ph, 0.0) + v
