@@ -199,6 +199,33 @@ def test_valid_children_equal_the_python_set_on_every_child(sizes, n_items, seed
         assert got == want
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 7), min_size=1, max_size=4),
+    n_items=st.integers(1, 60),
+    seed=st.integers(0, 2**16),
+    dense=st.booleans(),
+)
+def test_masking_invalid_children_of_valid_parents_equals_the_python_set(sizes, n_items, seed, dense):
+    sizes = tuple(sizes)
+    codec = SIDCodec(sizes)
+    items = random_items(sizes, n_items, seed)
+    pyset = PythonSetVerifier(codec, items)
+    prefixes = PrefixKeySets(ItemIndex(codec, items), max_child_table=1 << 20 if dense else 0)
+    rng = np.random.default_rng(seed + 2)
+    for level in range(codec.levels):
+        parent_codes = items[:, :level]  # valid prefixes only: the fast path's contract
+        parent_keys = np.zeros(len(parent_codes), dtype=np.int64)
+        for j in range(level):
+            parent_keys = parent_keys * sizes[j] + parent_codes[:, j]
+        logp = torch.as_tensor(rng.normal(size=(len(items), sizes[level])), dtype=torch.float32)
+        got = prefixes.mask_invalid_children(level, torch.as_tensor(parent_keys), logp)
+        for row, p in enumerate(parent_codes):
+            for c in range(sizes[level]):
+                valid = pyset.contains((*map(int, p), c))
+                assert got[row, c].item() == (logp[row, c].item() if valid else float("-inf"))
+
+
 @settings(max_examples=40, deadline=None)
 @given(sizes=st.lists(st.integers(1, 9), min_size=1, max_size=4))
 def test_codec_keys_are_a_bijection_onto_the_sid_space(sizes):

@@ -99,6 +99,25 @@ class PrefixKeySets:
         rank = torch.searchsorted(parents, parent_keys).clamp(max=len(parents) - 1)
         return table[rank] & (parents[rank] == parent_keys)[..., None]
 
+    def mask_invalid_children(
+        self, level: int, parent_keys: torch.Tensor, logp: torch.Tensor
+    ) -> torch.Tensor:
+        """logp [..., T_level] with -inf where a code does not extend its parent validly.
+
+        The per-step check of verify="every", cheaper than masking with valid_children: it skips the
+        parent's own membership test, so each parent must be a valid prefix. Every beam of the head
+        search is one, except beams whose score is already -inf; their rows may come out unmasked,
+        which cannot revive them."""
+        table = self.child_tables[level]
+        if table is not None and level == 0:  # one parent, the empty prefix: broadcast its row
+            return logp.masked_fill(~table[0], NEG_INF)
+        if table is None or len(self.level_keys[level - 1]) == 0:
+            return logp.masked_fill(~self.valid_children(level, parent_keys), NEG_INF)
+        parents = self.level_keys[level - 1]
+        # right=True - 1 is the parent's own rank; for a key below every parent it is -1 (a real row)
+        rank = torch.searchsorted(parents, parent_keys, right=True) - 1
+        return logp.masked_fill(~table[rank], NEG_INF)
+
 
 def prefix_sets(index: ItemIndex) -> PrefixKeySets:
     """Built once per ItemIndex (the catalogue) and kept on it, so every batch reuses it."""
@@ -164,7 +183,7 @@ def head_beam_search(
             lp = torch.log_softmax(head.beam_logits(level, states, s, w).float(), dim=-1)  # [B, w, t]
         if verify == "every":
             with timer.phase("verify"):
-                lp = lp.masked_fill(~prefixes.valid_children(level, pkeys), NEG_INF)  # [B, w, t]
+                lp = prefixes.mask_invalid_children(level, pkeys, lp)  # [B, w, t]
         with timer.phase("draft"):
             kk = min(k, t)
             top_lp, top_code = lp.topk(kk, dim=-1)  # each beam's top K codes: [B, w, kk]
