@@ -80,3 +80,15 @@ def test_train_jobs_below_one_is_refused(synth_dir, tmp_path):
     with pytest.raises(SystemExit):
         main(["--data", str(synth_dir), "--out", str(tmp_path / "x"), "--train-jobs", "0"])
     assert not (tmp_path / "x").exists()
+
+
+def test_a_failed_parallel_training_stops_the_run_with_its_own_error(tmp_path):
+    import pytest
+
+    from genrec.workloads.errors import UserInputError
+
+    argv = ["--data", str(tmp_path / "missing"), "--out", str(tmp_path / "out"), "--model-size", "tiny"]
+    argv += ["--seeds", "1", "2", "--epochs", "1", "--arms", "beam", "--device", "cpu", "--train-jobs", "2"]
+    with pytest.raises(UserInputError, match="missing"):
+        main(argv)
+    assert not any(p.is_dir() for p in (tmp_path / "out").glob("tiny-*"))  # no half-written checkpoint

@@ -39,7 +39,7 @@ from genrec.workloads.benchmarks.nezha_arms import (
 from genrec.workloads.benchmarks.seeded_training import add_training_arguments, training_kwargs, write_summary
 from genrec.workloads.metrics import paired_t_test_less
 from genrec.workloads.results import current_environment
-from genrec.workloads.training.trainer import resolve_device
+from genrec.workloads.training.trainer import TrainConfig, resolve_device
 
 QUALITY = ("hr@5", "ndcg@5", "recall@5", "hr@10", "ndcg@10", "recall@10")
 DEFAULT_ARMS = ("beam", "nezha", "nezha-4", "mtp")
@@ -65,7 +65,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def needed_checkpoints(args: argparse.Namespace) -> dict[Path, object]:
+def needed_checkpoints(args: argparse.Namespace) -> dict[Path, TrainConfig]:
     """{checkpoint folder: TrainConfig} for every (seed, arm) of the run; arms that share a
     checkpoint (nezha, nezha-4, nezha-every) appear once."""
     out = {}
@@ -85,11 +85,15 @@ def train_checkpoints(args: argparse.Namespace) -> list[str]:
             ensure_trained(args.data, d, c, progress=not args.quiet)
         return [d.name for d, _ in todo]
     t0, done = time.perf_counter(), []
+    workers = min(args.train_jobs, len(todo))
+    print(f"training {len(todo)} checkpoints, {workers} at a time", flush=True)
     ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=min(args.train_jobs, len(todo)), mp_context=ctx) as pool:
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
         futures = {pool.submit(ensure_trained, args.data, d, c, False): d for d, c in todo}
         for future in as_completed(futures):
-            future.result()  # a failed training stops the run with its own error
+            if future.exception() is not None:  # stop at the first failure: start no more trainings
+                pool.shutdown(wait=True, cancel_futures=True)
+                raise future.exception()
             done.append(futures[future].name)
             elapsed = time.perf_counter() - t0
             print(f"trained {done[-1]} ({len(done)}/{len(todo)}, {elapsed:.0f} s)", flush=True)
