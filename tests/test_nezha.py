@@ -381,6 +381,23 @@ def test_latency_benchmark_times_every_decoder_on_the_same_users(tiny_model_dir,
     assert d["nezha-4"]["phases_ms"]["verify"] < d["nezha"]["phases_ms"]["verify"]  # NEZHA-4 skips the check
     assert out["setup"]["users"] == 12 and out["setup"]["model_size"] == "tiny"
     assert out["setup"]["env"]["device"].startswith("cpu")  # the default: the CPU target
+    every = d["nezha-every"]["phases_ms"]
+    share = every["verify"] / d["nezha-every"]["median_ms"]
+    assert out["verify_share_of_nezha_every"] == pytest.approx(share)
+
+
+def test_latency_benchmark_can_time_hf_beam_search_on_the_beam_model(tiny_model_dir, nezha_model_dir):
+    pytest.importorskip("transformers")
+    from genrec.workloads.benchmarks.nezha_latency import main
+
+    argv = ["--beam-model", str(tiny_model_dir), "--nezha-model", str(nezha_model_dir), "--users", "8"]
+    out = main([*argv, "--batch-size", "4", "--repeats", "1", "--warmup", "1", "--with-hf"])
+    d = out["decoders"]
+    # the same weights and the same search objective: HF's lists are ours (the tiny model has no ties)
+    assert d["beam-hf"]["quality"] == pytest.approx(d["beam"]["quality"])
+    assert d["beam-hf"]["users_with_k_valid"] == d["beam"]["users_with_k_valid"]
+    ratio = d["beam-hf"]["median_ms"] / d["nezha"]["median_ms"]
+    assert out["speedup_beam_hf_over_nezha"] == pytest.approx(ratio)
 
 
 def test_train_config_rejects_unknown_objectives_and_misplaced_variants():
