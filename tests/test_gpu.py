@@ -76,5 +76,7 @@ def test_nezha_head_search_on_cuda_matches_cpu(verify, dense):
             out[device] = head_beam_search(head.to(device), states.to(device), 10, codec, sets, verify)
     cpu, gpu = out["cpu"], out["cuda"]
     torch.testing.assert_close(gpu.scores.cpu(), cpu.scores, atol=1e-4, rtol=1e-4)
-    assert (gpu.codes.cpu() == cpu.codes).float().mean() > 0.95  # ties may reorder a few
+    # slots that verification emptied (score -inf) hold arbitrary codes; ties may reorder a few others
+    kept = torch.isfinite(cpu.scores)
+    assert (gpu.codes.cpu() == cpu.codes).all(dim=-1)[kept].float().mean() > 0.95
     assert gpu.drafts_valid == cpu.drafts_valid
