@@ -79,7 +79,7 @@ def test_shipped_arm_experiment_resolves_its_paths_against_the_repository():
     cfg = load_experiment(repo / "experiments" / "nezha_vs_beam.yaml", base_dir=repo, check_files=False)
     assert Path(cfg.params["data"]).is_absolute() and cfg.params["data"].endswith("runs/data/synth")
     assert Path(cfg.params["models_dir"]).is_absolute()
-    assert cfg.num_trials() == 8 * 3
+    assert cfg.num_trials() == 9 * 3
 
 
 def test_arm_experiment_without_its_dataset_fails_before_ray(tmp_path):
