@@ -82,7 +82,7 @@ def test_train_jobs_below_one_is_refused(synth_dir, tmp_path):
     assert not (tmp_path / "x").exists()
 
 
-def test_a_failed_parallel_training_stops_the_run_with_its_own_error(tmp_path):
+def test_a_missing_dataset_is_refused_before_any_training_starts(tmp_path):
     import pytest
 
     from genrec.workloads.errors import UserInputError
@@ -91,4 +91,18 @@ def test_a_failed_parallel_training_stops_the_run_with_its_own_error(tmp_path):
     argv += ["--seeds", "1", "2", "--epochs", "1", "--arms", "beam", "--device", "cpu", "--train-jobs", "2"]
     with pytest.raises(UserInputError, match="missing"):
         main(argv)
-    assert not any(p.is_dir() for p in (tmp_path / "out").glob("tiny-*"))  # no half-written checkpoint
+    assert not (tmp_path / "out").exists()  # refused before anything was written
+
+
+def test_a_failed_parallel_training_stops_the_run_with_its_own_error(synth_dir, tmp_path):
+    import pytest
+
+    from genrec.workloads.benchmarks.nezha_quality import needed_checkpoints, parse_args
+
+    argv = ["--data", str(synth_dir), "--out", str(tmp_path), "--model-size", "tiny", "--seeds", "1", "2"]
+    argv += ["--epochs", "1", "--arms", "beam", "--device", "cpu", "--threads", "1", "--train-jobs", "2"]
+    first = sorted(needed_checkpoints(parse_args(argv)))[0]
+    (tmp_path / f"{first.name}.lock").mkdir()  # its worker cannot open the lock: a training failure
+    with pytest.raises(IsADirectoryError):
+        main(argv)
+    assert not first.exists()

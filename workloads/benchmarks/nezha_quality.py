@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
+import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
@@ -37,6 +38,8 @@ from genrec.workloads.benchmarks.nezha_arms import (
     finished,
 )
 from genrec.workloads.benchmarks.seeded_training import add_training_arguments, training_kwargs, write_summary
+from genrec.workloads.data.dataset import load_dataset
+from genrec.workloads.errors import UserInputError
 from genrec.workloads.metrics import paired_t_test_less
 from genrec.workloads.results import current_environment
 from genrec.workloads.training.trainer import TrainConfig, resolve_device
@@ -174,6 +177,7 @@ def summarise(runs: list[dict]) -> tuple[str, dict]:
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     t0 = time.perf_counter()
+    load_dataset(args.data)  # a wrong folder fails here, before any process starts or --out exists
     trained = train_checkpoints(args)
     module = "genrec.workloads.benchmarks.nezha_quality"
     if args.train_only:
@@ -185,4 +189,8 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except UserInputError as e:  # bad input: the message and exit code 2, as the genrec CLI does
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
