@@ -36,11 +36,8 @@ import torch
 from genrec.workloads.decoding.base import DecoderContext, get_decoder, make_params
 from genrec.workloads.errors import UserInputError
 from genrec.workloads.evaluation import load_context
-from genrec.workloads.models.hf_bridge import DEFAULT_ATTN, hf_beam_search, to_hf_llama
+from genrec.workloads.models.hf_bridge import DEFAULT_ATTN, REAL_SCORE, hf_beam_search, to_hf_llama
 from genrec.workloads.results import current_environment
-
-# beams HF pads with copies scored near -1e9 (it starts all beams but the first there); ours are -inf
-REAL_SCORE = -1e8
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -35,6 +35,7 @@ from genrec.workloads.errors import UserInputError
 from genrec.workloads.evaluation import load_context
 from genrec.workloads.io import atomic_write_text
 from genrec.workloads.metrics import ranking_metrics
+from genrec.workloads.models.hf_bridge import REAL_SCORE, hf_beam_search, to_hf_llama
 from genrec.workloads.results import command_line, current_environment
 
 
@@ -59,17 +60,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 class HFBeamSearch:
-    """HF `generate(num_beams)` on a next-item checkpoint, with the decoders' decode() interface."""
+    """HF `generate(num_beams)` on a next-item checkpoint, with the decoders' decode() interface
+    and beam search's parameters."""
+
+    name = "beam-hf"
+    Params = get_decoder("beam").Params
 
     def __init__(self, ctx: DecoderContext) -> None:
-        from genrec.workloads.models.hf_bridge import to_hf_llama
-
-        self.hf = to_hf_llama(ctx.model)
+        self.hf = to_hf_llama(ctx.model)  # imports transformers (the peers extra) only here
 
     def decode(self, ctx: DecoderContext, histories: list[list[int]], params) -> DecodeResult:
-        from genrec.workloads.benchmarks.beam_vs_hf import REAL_SCORE
-        from genrec.workloads.models.hf_bridge import hf_beam_search
-
         tokens, mask = ctx.prompts(histories)
         codes, scores = hf_beam_search(self.hf, ctx.codec, tokens, mask, params.beam_width, params.k)
         item_ids, valid = ctx.index.lookup(codes)
@@ -132,8 +132,7 @@ def main(argv: list[str] | None = None) -> dict:
     decoders = {}
     for label, ctx, name, extra in runs:
         dec = HFBeamSearch(ctx) if name == "beam-hf" else get_decoder(name)
-        schema = get_decoder("beam") if name == "beam-hf" else dec  # beam-hf takes beam search's params
-        params = make_params(schema, {"beam_width": args.beam_width, "k": k, **extra})
+        params = make_params(dec, {"beam_width": args.beam_width, "k": k, **extra})
         for batch in batches[: args.warmup]:
             dec.decode(ctx, [ex.history for ex in batch], params)
         decoders[label] = (ctx, dec, params)

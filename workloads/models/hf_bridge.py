@@ -112,6 +112,10 @@ class SIDLevelLogitsProcessor:
         return scores.masked_fill(~self._mask(step, scores.shape[-1], scores.device), float("-inf"))
 
 
+# beams HF pads with copies scored near -1e9 (it starts all beams but the first there); ours are -inf
+REAL_SCORE = -1e8
+
+
 @torch.no_grad()
 def hf_beam_search(
     hf_model: LlamaForCausalLM,
