@@ -34,9 +34,9 @@ from genrec.dashboards.analysis import (
     pareto_front,
     quality_columns,
 )
-from genrec.platform.tracking import DEFAULT_RESULTS_DIR, list_experiments, read_results
 from genrec.workloads.errors import UserInputError
 from genrec.workloads.io import atomic_write_text
+from genrec.workloads.results_store import DEFAULT_RESULTS_DIR, list_experiments, read_results
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go

@@ -35,8 +35,8 @@ from genrec.dashboards.report import (
     provenance_block,
     write_page,
 )
-from genrec.platform.tracking import list_experiments, read_results
 from genrec.workloads.errors import UserInputError
+from genrec.workloads.results_store import list_experiments, read_results
 
 LOADTEST_KIND = "loadtest"
 DEFAULT_SLO_MS = 200.0
@@ -48,7 +48,8 @@ CONFIG_PARAMS = (
     "param_beam_width",
     "param_k",
     "param_burstiness",
-    "param_constraint_set",
+    "param_constraint",
+    "param_constraint_set",  # rows written before the field was renamed `constraint`
     "param_max_batch_size",
     "param_batch_wait_timeout_s",
     "param_replicas",
@@ -73,10 +74,6 @@ _MEAN_COLUMNS = (
     "send_lag_p99_ms",
     "count_sent",
 )
-
-
-def is_loadtest(df: pd.DataFrame) -> bool:
-    return not df.empty and "kind" in df.columns and bool(df["kind"].eq(LOADTEST_KIND).all())
 
 
 def _text(value: object) -> str:

@@ -6,8 +6,8 @@ decodes batches of histories, returning per-request items plus the batch's timin
 (the same phase names and counters as a result row).
 
 Users of it:
-* `DecoderActor` (= `ray.remote(DecoderHost)`), started with `start_decoder_actor`, which asks for
-  a GPU when the cluster has one;
+* a DecoderActor (a `ray.remote(DecoderHost)` actor), started with `start_decoder_actor`, which asks
+  for a GPU when the cluster has one;
 * the Serve app (`genrec.platform.serve.app`): each replica owns one host;
 * sweep trials (`genrec.platform.sweep.run_trial`): `cached_host` keeps one host per worker process,
   because Tune reuses worker processes between trials and loading a model per trial would dominate
@@ -17,13 +17,14 @@ Users of it:
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import numpy as np
 import torch
 
-from genrec.workloads.decoding.base import DecoderContext, decoder_names, get_decoder, make_params
+from genrec.platform.params import parse_decoder_params
+from genrec.workloads.decoding.base import DecoderContext, decoder_names, get_decoder
 from genrec.workloads.errors import UserInputError
 
 
@@ -64,7 +65,7 @@ class BatchItems:
 class BatchOutput:
     items: list[BatchItems]
     decoder: str
-    params: dict[str, Any]
+    params: Any  # the decoder's Params the batch was decoded with
     decode_ms: float  # wall time of the decoder call for the whole batch
     timings_ms: dict[str, float]  # the decoder's phases for the batch
     counters: dict[str, float]
@@ -85,7 +86,7 @@ class DecoderHost:
         self.ctx, self.ds, self.ckpt = load_context(cfg.model, cfg.data, cfg.device)
         self.decoders = {name: get_decoder(name) for name in cfg.decoders}
         # resolve defaults once: bad defaults fail at start, not on the first request
-        self.defaults = {name: self._params(name, {}, cfg.defaults.get(name, {})) for name in cfg.decoders}
+        self.defaults = {name: self._default_params(name) for name in cfg.decoders}
         self.load_s = time.perf_counter() - t0
         self.warmup_s = self.warm_up()
 
@@ -111,7 +112,7 @@ class DecoderHost:
             "num_items": self.num_items,
             "max_history": self.max_history,
             "sid_levels": self.ctx.codec.levels,
-            "decoders": {name: vars(p).copy() for name, p in self.defaults.items()},
+            "decoders": {name: asdict(p) for name, p in self.defaults.items()},
             "load_s": self.load_s,
             "warmup_s": self.warmup_s,
         }
@@ -120,35 +121,35 @@ class DecoderHost:
         return [f.name for f in fields(self.decoders[decoder].Params)]
 
     # ---- decoding --------------------------------------------------------------------------------
-    def _params(self, decoder: str, base: dict[str, Any], overrides: dict[str, Any]) -> Any:
-        """Params from `base` values (the served defaults) updated by `overrides`."""
-        values = {**base, **overrides}
-        names = set(self.parameter_names(decoder))
-        # a bigger k than the default beam would fail validation; widen the beam with it
-        if "k" in overrides and "beam_width" in names and "beam_width" not in overrides:
-            values["beam_width"] = max(values.get("beam_width", 1), overrides["k"])
-        # and a narrower beam without a k returns as many items as it keeps
-        if "beam_width" in overrides and "k" in names and "k" not in overrides:
-            values["k"] = min(values.get("k", overrides["beam_width"]), overrides["beam_width"])
-        return make_params(self.decoders[decoder], values)
+    def _default_params(self, decoder: str) -> Any:
+        try:
+            return parse_decoder_params(decoder, self.cfg.defaults.get(decoder, {}))
+        except UserInputError as e:
+            raise UserInputError(f"defaults of decoder {decoder!r}: {e}") from None
 
     def resolve(self, decoder: str | None, overrides: dict[str, Any] | None = None) -> tuple[str, Any]:
-        """(decoder name, Params) for a request; UserInputError names the bad field."""
+        """(decoder name, Params): `overrides` over the served defaults, through the one parameter
+        adapter (no silent widening: a k above the default beam width is an error, as in YAML and CLI)."""
         name = decoder or self.cfg.decoders[0]
         if name not in self.decoders:
             raise UserInputError(f"decoder {name!r} is not served here; choose one of {list(self.decoders)}")
-        return name, self._params(name, vars(self.defaults[name]), overrides or {})
+        return name, parse_decoder_params(name, overrides or {}, base=self.defaults[name])
 
     def decode(
         self, histories: list[list[int]], decoder: str | None = None, params: Any | None = None
     ) -> BatchOutput:
-        """Decode one batch; `params` is a Params object from `resolve` or a dict of overrides."""
+        """Decode one batch; `params` is the decoder's Params (from `resolve` or a parsed request) or a
+        dict of overrides of the served defaults."""
         if not histories:
             raise UserInputError("decode: empty batch")
         if params is None or isinstance(params, dict):
             name, p = self.resolve(decoder, params)
         else:
             name, p = decoder or self.cfg.decoders[0], params
+            if type(p) is not self.decoders[name].Params:
+                raise UserInputError(
+                    f"decoder {name!r} takes {self.decoders[name].Params.__name__}, got {p!r}"
+                )
         t0 = time.perf_counter_ns()
         with torch.inference_mode():
             res = self.decoders[name].decode(self.ctx, histories, p)
@@ -166,7 +167,7 @@ class DecoderHost:
         return BatchOutput(
             items=items,
             decoder=name,
-            params=vars(p).copy(),
+            params=p,
             decode_ms=decode_ms,
             timings_ms=dict(res.timings_ms),
             counters={k: float(v) for k, v in res.counters.items()},
@@ -207,14 +208,6 @@ def start_decoder_actor(cfg: HostConfig, gpu: float | str = "auto"):
     if res["num_gpus"] and cfg.device == "auto":
         cfg = HostConfig(**{**vars(cfg), "device": "cuda"})
     return ray.remote(DecoderHost).options(**res).remote(cfg)
-
-
-def __getattr__(name: str):  # DecoderActor = ray.remote(DecoderHost), imported lazily (no Ray at import)
-    if name == "DecoderActor":
-        import ray
-
-        return ray.remote(DecoderHost)
-    raise AttributeError(name)
 
 
 _HOSTS: dict[tuple, DecoderHost] = {}

@@ -15,29 +15,30 @@ import time
 from dataclasses import asdict
 from datetime import UTC, datetime
 
+from genrec.platform.experiment import TrialSpec
 from genrec.workloads.results import RESULT_SCHEMA_VERSION, current_environment
 
 
-def benchmark_kwargs(job: dict, params: dict, seed: int) -> dict:
+def benchmark_kwargs(spec: TrialSpec, params: dict, seed: int) -> dict:
     """The benchmark's keyword arguments: the experiment's params, plus seed / threads / device filled
     from the trial where the function takes them and the experiment does not fix them."""
     from genrec.workloads.benchmarks.registry import get_benchmark
 
-    accepted = get_benchmark(job["benchmark"]).parameters()
+    accepted = get_benchmark(spec.benchmark).parameters()
     kwargs = dict(params)
-    filled = {"seed": seed, "threads": job["threads"] or max(1, int(job["cpu"])), "device": job["device"]}
+    filled = {"seed": seed, "threads": spec.torch_threads, "device": spec.device}
     for name, value in filled.items():
         if name in accepted and name not in kwargs:
             kwargs[name] = value
     return kwargs
 
 
-def benchmark_row(job: dict, run_id: str, params: dict, seed: int, metrics: dict, device: str) -> dict:
+def benchmark_row(spec: TrialSpec, run_id: str, params: dict, seed: int, metrics: dict, device: str) -> dict:
     import torch
 
-    name = job["benchmark"]
+    name = spec.benchmark
     flat: dict = {
-        "experiment": job["experiment"],
+        "experiment": spec.experiment,
         "run_id": run_id,
         "benchmark": name,
         "decoder": f"benchmark:{name}",
@@ -60,22 +61,22 @@ def benchmark_row(job: dict, run_id: str, params: dict, seed: int, metrics: dict
 
 def run_benchmark_trial(config: dict) -> None:
     """Tune function trainable for `benchmark:` experiments (chosen by run_sweep)."""
-    from genrec.platform.sweep import JOB_KEY, begin_trial, report_trial_row
+    from genrec.platform.sweep import SPEC_KEY, begin_trial, report_trial_row
     from genrec.workloads.benchmarks.registry import get_benchmark
 
     t0 = time.perf_counter()
     started = time.time()
-    job = config[JOB_KEY]
-    trial_id, run_id, reused = begin_trial(job)
+    spec: TrialSpec = config[SPEC_KEY]
+    trial_id, run_id, reused = begin_trial(spec)
     if reused:
         return
 
     import torch
 
-    params = {**job["params"], **config.get("params", {})}
+    params = spec.values(config.get("params", {}))
     seed = int(config.get("seed", 0))
-    kwargs = benchmark_kwargs(job, params, seed)
-    torch.set_num_threads(int(kwargs.get("threads") or job["threads"] or max(1, int(job["cpu"]))))
-    metrics = get_benchmark(job["benchmark"]).run(**kwargs)
-    flat = benchmark_row(job, run_id, params, seed, metrics, str(kwargs.get("device", job["device"])))
+    kwargs = benchmark_kwargs(spec, params, seed)
+    torch.set_num_threads(int(kwargs.get("threads") or spec.torch_threads))
+    metrics = get_benchmark(spec.benchmark).run(**kwargs)
+    flat = benchmark_row(spec, run_id, params, seed, metrics, str(kwargs.get("device", spec.device)))
     report_trial_row(flat, trial_id, started, t0)

@@ -30,8 +30,8 @@ import itertools
 import json
 import math
 import os
-from collections.abc import Callable
-from dataclasses import MISSING, fields
+from collections.abc import Callable, Mapping
+from dataclasses import MISSING, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -284,6 +284,68 @@ class ExperimentConfig(_Strict):
         keys += ("benchmark",) if self.benchmark else ()  # decoder-sweep fingerprints stay as they were
         return json.dumps(self.model_dump(mode="json", include=set(keys)), sort_keys=True)
 
+    def trial_spec(self, cpu: float, device: str) -> TrialSpec:
+        """What every trial of this experiment's sweep shares (paths, decoder, fixed params, eval setup)."""
+        return TrialSpec(
+            experiment=self.name,
+            results_dir=str(self.results_dir),
+            decoder=self.decoder,
+            benchmark=self.benchmark,
+            model=str(self.model.path) if self.benchmark is None else "",
+            data=str(self.dataset.path) if self.dataset is not None else "",
+            params=dict(self.params),
+            split=self.eval.split,
+            ks=self.ks,
+            batch_size=self.eval.batch_size,
+            warmup_batches=self.eval.warmup_batches,
+            max_users=self.eval.max_users,
+            threads=self.eval.threads,
+            device=device,
+            cpu=cpu,
+        )
+
+
+def plain_scalar(value: Any) -> Any:
+    """A numpy scalar (from Tune's samplers) as the Python number it holds; anything else as is."""
+    return value.item() if type(value).__module__ == "numpy" and hasattr(value, "item") else value
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    """The constant part of every trial of a sweep, handed to the Tune trainable beside each trial's
+    own point (search-space values and seed). Typed, so a trial reads fields, not dict keys."""
+
+    experiment: str
+    results_dir: str
+    decoder: str  # a registered decoder, or "benchmark:NAME" for a benchmark experiment
+    benchmark: str | None = None  # set: a model-free benchmark (genrec.platform.benchmark_trial)
+    model: str = ""  # checkpoint folder (decoder experiments)
+    data: str = ""  # dataset folder (decoder experiments)
+    params: dict[str, Any] = field(default_factory=dict)  # fixed: the decoder's or the benchmark's
+    split: str = "test"
+    ks: tuple[int, ...] = (5, 10)
+    batch_size: int = 64
+    warmup_batches: int = 1
+    max_users: int = 0
+    threads: int = 0  # torch threads; 0: the trial's CPU count
+    device: str = "cpu"
+    cpu: float = 1.0  # CPUs Ray gives each trial
+
+    @property
+    def torch_threads(self) -> int:
+        return self.threads or max(1, int(self.cpu))
+
+    def values(self, point: Mapping[str, Any]) -> dict[str, Any]:
+        """The fixed params with a trial's search-space point over them, as plain Python values
+        (Tune's samplers may hand numpy scalars, which strict type checks reject)."""
+        return {**self.params, **{k: plain_scalar(v) for k, v in point.items()}}
+
+    def decoder_params(self, point: Mapping[str, Any]) -> Any:
+        """A decoder trial's typed Params, through the same adapter that validated the experiment."""
+        from genrec.platform.params import eval_params
+
+        return eval_params(self.decoder, self.values(point), self.ks)
+
 
 def expand_range(r: RangeSpec) -> list[float | int]:
     n = int(math.floor((r.high - r.low) / r.step + 1e-9)) + 1
@@ -412,7 +474,7 @@ def _model_of(annotation: Any) -> tuple[type[BaseModel] | None, bool]:
 # ---- semantic checks --------------------------------------------------------------------------
 def validate_experiment(cfg: ExperimentConfig, check_files: bool = True) -> None:
     from genrec.platform.tracking import check_experiment_name
-    from genrec.workloads.decoding.base import decoder_names, get_decoder
+    from genrec.workloads.decoding.base import decoder_names
 
     try:
         check_experiment_name(cfg.name)
@@ -425,26 +487,27 @@ def validate_experiment(cfg: ExperimentConfig, check_files: bool = True) -> None
         return
     if cfg.decoder not in decoder_names():
         raise UserInputError(f"`decoder`: unknown decoder {cfg.decoder!r}; choose one of {decoder_names()}")
-    decoder = get_decoder(cfg.decoder)
     _check_numbers(cfg)
 
-    param_fields = {f.name: f for f in fields(decoder.Params)}
+    from genrec.platform.params import check_names, eval_params
+
     for section, names in (("params", cfg.params), ("search_space", cfg.search_space)):
         for name in names:
-            if name not in param_fields:
+            try:
+                check_names(cfg.decoder, [name])
+            except UserInputError as e:
                 hint = " (seeds go in `seeds:`)" if name == "seed" else ""
-                raise UserInputError(
-                    f"`{section}.{name}`: decoder {cfg.decoder!r} has no parameter {name!r}{hint}; "
-                    f"valid: {sorted(param_fields)}"
-                )
+                raise UserInputError(f"`{section}.{name}`: {e}{hint}") from None
     both = sorted(set(cfg.params) & set(cfg.search_space))
     if both:
         raise UserInputError(f"`params.{both[0]}` is also in `search_space`; keep it in one place")
 
-    from genrec.workloads.evaluation import resolve_params
-
-    candidates = _typed_candidates(cfg, param_fields)
-    _check_combinations(cfg, candidates, lambda values: resolve_params(cfg.decoder, values, cfg.ks))
+    candidates = {}
+    for name, spec in cfg.search_space.items():
+        _check_space(f"search_space.{name}", spec)
+        candidates[name] = _candidate_values(f"search_space.{name}", spec)
+    # types and rules by the one adapter that also checks `genrec eval --param` and POST /recommend
+    _check_combinations(cfg, candidates, lambda values: eval_params(cfg.decoder, values, cfg.ks))
 
     if cfg.metric not in cfg.valid_metrics():
         raise UserInputError(f"`metric`: {cfg.metric!r} is not produced; choose one of {cfg.valid_metrics()}")
@@ -453,8 +516,8 @@ def validate_experiment(cfg: ExperimentConfig, check_files: bool = True) -> None
 
 
 def _typed_candidates(cfg: ExperimentConfig, field_types: dict) -> dict[str, list[tuple[str, Any]]]:
-    """Check `params` and every search-space value against the parameters' types; return each
-    search-space parameter's candidate values as (key path, value) pairs."""
+    """A benchmark experiment's `params` and search-space values checked against the function's
+    defaults' types; returns each search-space parameter's candidates as (key path, value) pairs."""
     for name, value in cfg.params.items():
         _check_type(f"params.{name}", field_types[name], value)
     candidates: dict[str, list[tuple[str, Any]]] = {}
@@ -634,8 +697,18 @@ def _check_combinations(
         try:
             check(values)
         except (UserInputError, TypeError, ValueError) as e:
-            where = ", ".join(f"`{k}` = {v!r}" for k, v in picked) or "`params`"
-            raise UserInputError(f"{where}: {e}") from None
+            raise UserInputError(f"{_where(cfg, group, picked, getattr(e, 'param', None))}: {e}") from None
+
+
+def _where(cfg: ExperimentConfig, group: tuple, picked: list, param: str | None) -> str:
+    """The key path of a failed check: the one value at fault when the error names its parameter
+    (genrec.platform.params.ParamError), else every search-space value of the combination."""
+    for name, (key, value) in zip(group, picked):
+        if name == param:
+            return f"`{key}` = {value!r}"
+    if param is not None and param in cfg.params:
+        return f"`params.{param}`"
+    return ", ".join(f"`{k}` = {v!r}" for k, v in picked) or "`params`"
 
 
 def check_benchmark_inputs(cfg: ExperimentConfig) -> None:

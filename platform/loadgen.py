@@ -68,7 +68,7 @@ class LoadConfig:
     k: int = 10
     decoder: str | None = None
     beam_width: int | None = None
-    constraint_set: str | None = None
+    constraint: str | None = None  # a set the deployment configures (GET /constraint-sets) or a rule
     seed: int = 0
     timeout_s: float = 10.0  # client-side limit per request; past it the request counts as a timeout
     slo_ms: float = 200.0
@@ -105,8 +105,8 @@ class LoadConfig:
             out["decoder"] = self.decoder
         if self.beam_width:
             out["beam_width"] = self.beam_width
-        if self.constraint_set:
-            out["constraint_set"] = self.constraint_set
+        if self.constraint:
+            out["constraint"] = self.constraint
         return out
 
 
@@ -577,8 +577,8 @@ def decoder_params(cfg: LoadConfig, health: dict) -> dict:
         params["concurrency"] = cfg.concurrency
     if cfg.beam_width:
         params["beam_width"] = cfg.beam_width
-    if cfg.constraint_set:
-        params["constraint_set"] = cfg.constraint_set
+    if cfg.constraint:
+        params["constraint"] = cfg.constraint
     for key in ("max_batch_size", "batch_wait_timeout_s", "replicas"):
         if isinstance(health.get(key), int | float) and not isinstance(health.get(key), bool):
             params[key] = health[key]

@@ -56,7 +56,7 @@ from ray.air.integrations.mlflow import MLflowLoggerCallback
 
 from genrec.platform.actors import cached_host
 from genrec.platform.benchmark_trial import run_benchmark_trial
-from genrec.platform.experiment import ExperimentConfig
+from genrec.platform.experiment import ExperimentConfig, TrialSpec
 from genrec.platform.tracking import (
     MlflowStore,
     delete_rows,
@@ -70,7 +70,7 @@ from genrec.workloads.errors import UserInputError
 log = logging.getLogger(__name__)
 
 ROW_KEY = "genrec_row"  # the result row as JSON in a trial's Tune result
-JOB_KEY = "genrec"  # constant part of the param space: paths and eval settings
+SPEC_KEY = "genrec"  # the constant part of the param space: the experiment's TrialSpec
 FINGERPRINT_FILE = "genrec_experiment.json"
 AUTO_GPU_FRACTION = 0.25  # resources.gpu: auto -> this share of a GPU per trial when GPUs exist
 
@@ -130,12 +130,12 @@ def numeric_metrics(flat: dict) -> dict[str, float]:
     }
 
 
-def begin_trial(job: dict) -> tuple[str, str, bool]:
+def begin_trial(spec: TrialSpec) -> tuple[str, str, bool]:
     """(trial id, run id, reused). A trial whose row is already stored finished before the driver
     died: its row is reported again (reused=True) and the trial must not run again."""
     trial_id = tune.get_context().get_trial_id()
-    run_id = f"{job['experiment']}-{trial_id}"
-    stored = read_row(job["results_dir"], job["experiment"], run_id)
+    run_id = f"{spec.experiment}-{trial_id}"
+    stored = read_row(spec.results_dir, spec.experiment, run_id)
     if stored is not None:
         tune.report({**numeric_metrics(stored), ROW_KEY: json.dumps(stored), "genrec_reused": 1})
     return trial_id, run_id, stored is not None
@@ -153,8 +153,8 @@ def run_trial(config: dict) -> None:
     """Tune function trainable: evaluate one (params, seed) point and report its result row."""
     t0 = time.perf_counter()
     started = time.time()
-    job = config[JOB_KEY]
-    trial_id, run_id, reused = begin_trial(job)
+    spec: TrialSpec = config[SPEC_KEY]
+    trial_id, run_id, reused = begin_trial(spec)
     if reused:
         return
 
@@ -162,25 +162,25 @@ def run_trial(config: dict) -> None:
 
     from genrec.workloads.evaluation import EvalConfig, evaluate, model_label
 
-    threads = job["threads"] or max(1, int(job["cpu"]))
+    params = spec.decoder_params(config.get("params", {}))  # typed like `genrec eval --param`
+    threads = spec.torch_threads
     torch.set_num_threads(threads)
-    host = cached_host(job["model"], job["data"], job["device"], threads)  # loaded once per worker
-    ctx, ds = host.context, host.ds
+    host = cached_host(spec.model, spec.data, spec.device, threads)  # loaded once per worker
     load_s = time.perf_counter() - t0
     cfg = EvalConfig(
-        decoder=job["decoder"],
-        params={**job["params"], **config.get("params", {})},
-        split=job["split"],
-        ks=tuple(job["ks"]),
-        batch_size=job["batch_size"],
-        warmup_batches=job["warmup_batches"],
-        max_users=job["max_users"],
-        device=job["device"],
+        decoder=spec.decoder,
+        params=params,
+        split=spec.split,
+        ks=spec.ks,
+        batch_size=spec.batch_size,
+        warmup_batches=spec.warmup_batches,
+        max_users=spec.max_users,
+        device=spec.device,
         threads=threads,
         seed=int(config.get("seed", 0)),
-        experiment=job["experiment"],
+        experiment=spec.experiment,
     )
-    row = evaluate(ctx, ds, cfg, model_label(job["model"]), progress=False).row
+    row = evaluate(host.context, host.ds, cfg, model_label(spec.model), progress=False).row
     row.run_id = run_id
     flat = row.to_flat()
     flat["trial_load_s"] = load_s
@@ -267,24 +267,7 @@ def param_space(cfg: ExperimentConfig, cpu: float, device: str) -> dict:
             space[name] = tune.loguniform(spec.loguniform.low, spec.loguniform.high)
         elif kind == "randint":
             space[name] = tune.randint(int(spec.randint.low), int(spec.randint.high) + 1)
-    job = {
-        "experiment": cfg.name,
-        "results_dir": str(cfg.results_dir),
-        "benchmark": cfg.benchmark,  # set: a model-free benchmark experiment (run_benchmark_trial)
-        "model": str(cfg.model.path) if cfg.benchmark is None else "",
-        "data": str(cfg.dataset.path) if cfg.dataset is not None else "",
-        "decoder": cfg.decoder,
-        "params": dict(cfg.params),
-        "split": cfg.eval.split,
-        "ks": list(cfg.ks),
-        "batch_size": cfg.eval.batch_size,
-        "warmup_batches": cfg.eval.warmup_batches,
-        "max_users": cfg.eval.max_users,
-        "threads": cfg.eval.threads,
-        "device": device,
-        "cpu": cpu,
-    }
-    return {"params": space, "seed": tune.grid_search(list(cfg.seeds)), JOB_KEY: job}
+    return {"params": space, "seed": tune.grid_search(list(cfg.seeds)), SPEC_KEY: cfg.trial_spec(cpu, device)}
 
 
 def resolve_ray_address(cfg: ExperimentConfig, override: str | None = None) -> str:

@@ -1,6 +1,8 @@
 """Tracking: result rows into a Parquet dataset (the source of truth for reports) and into MLflow.
 
-Parquet layout under the results folder, one file per result row:
+Parquet layout under the results folder, one file per result row (the read side, the layout and the
+experiment-name check live in genrec.workloads.results_store, which the dashboards read through too;
+they are re-exported here for the platform's callers):
 
     RESULTS/parquet/experiment=<name>/<run_id>.parquet
 
@@ -18,34 +20,49 @@ import os
 import re
 import tempfile
 import time
-from collections.abc import Iterable
 from pathlib import Path
 
-import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from genrec.workloads.errors import UserInputError
 from genrec.workloads.results import RESULT_SCHEMA_VERSION, ResultRow
+from genrec.workloads.results_store import (
+    DEFAULT_RESULTS_DIR,
+    check_experiment_name,
+    experiment_dir,
+    list_experiments,
+    parquet_root,
+    read_results,
+    read_row,
+    read_rows,
+    row_path,
+)
 
-DEFAULT_RESULTS_DIR = "runs/results"
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-
-
-def check_experiment_name(name: str) -> str:
-    if not _NAME_RE.match(name or ""):
-        raise UserInputError(
-            f"experiment name {name!r}: use letters, digits, '_', '-', '.' (starting with a letter or digit)"
-        )
-    return name
-
-
-def parquet_root(results_dir: str | os.PathLike) -> Path:
-    return Path(results_dir).resolve() / "parquet"
-
-
-def row_path(results_dir: str | os.PathLike, experiment: str, run_id: str) -> Path:
-    return parquet_root(results_dir) / f"experiment={check_experiment_name(experiment)}" / f"{run_id}.parquet"
+# The store's read side stays importable from here for the platform's callers (sweeps, load tests).
+__all__ = [
+    "CREATED_TAG",
+    "DEFAULT_RESULTS_DIR",
+    "KIND_TAG",
+    "PARAM_COLUMNS",
+    "RUN_ID_TAG",
+    "TAG_COLUMNS",
+    "MlflowStore",
+    "check_experiment_name",
+    "delete_rows",
+    "list_experiments",
+    "mlflow_name",
+    "parquet_root",
+    "prepare_mlflow",
+    "read_results",
+    "read_row",
+    "read_rows",
+    "row_identity",
+    "row_path",
+    "split_row_for_mlflow",
+    "sqlite_uri",
+    "write_parquet_atomic",
+    "write_result_row",
+]
 
 
 def write_result_row(results_dir: str | os.PathLike, row: ResultRow | dict) -> Path:
@@ -70,59 +87,9 @@ def write_parquet_atomic(table: pa.Table, path: Path) -> Path:
     return path
 
 
-def write_result_rows(results_dir: str | os.PathLike, rows: Iterable[ResultRow | dict]) -> list[Path]:
-    return [write_result_row(results_dir, r) for r in rows]
-
-
-def list_experiments(results_dir: str | os.PathLike) -> list[str]:
-    root = parquet_root(results_dir)
-    if not root.is_dir():
-        return []
-    return sorted(p.name.split("=", 1)[1] for p in root.glob("experiment=*") if p.is_dir())
-
-
-def read_results(results_dir: str | os.PathLike, experiment: str | None = None) -> pd.DataFrame:
-    """All result rows (optionally of one experiment) as a DataFrame, oldest first.
-
-    Rows from different decoders have different parameter columns; missing ones are NaN.
-    """
-    root = parquet_root(results_dir)
-    pattern = (
-        f"experiment={check_experiment_name(experiment)}/*.parquet"
-        if experiment
-        else "experiment=*/*.parquet"
-    )
-    files = sorted(root.glob(pattern))
-    if not files:
-        return pd.DataFrame()
-    frames = [pq.read_table(f).to_pandas() for f in files]
-    df = pd.concat(frames, ignore_index=True, sort=False)
-    newer = df["schema_version"] > RESULT_SCHEMA_VERSION
-    if newer.any():
-        found = int(df.loc[newer, "schema_version"].max())
-        raise UserInputError(
-            f"{root}: rows with schema_version {found} are newer than this genrec reads "
-            f"({RESULT_SCHEMA_VERSION}); upgrade genrec-lab"
-        )
-    return df.sort_values("created_at", kind="stable").reset_index(drop=True)
-
-
-def read_rows(results_dir: str | os.PathLike, experiment: str) -> list[dict]:
-    """The stored rows of one experiment exactly as written (one dict per file, no NaN filling)."""
-    folder = parquet_root(results_dir) / f"experiment={check_experiment_name(experiment)}"
-    return [pq.read_table(f).to_pylist()[0] for f in sorted(folder.glob("*.parquet"))]
-
-
-def read_row(results_dir: str | os.PathLike, experiment: str, run_id: str) -> dict | None:
-    """One stored row, or None when that run id has no row yet."""
-    path = row_path(results_dir, experiment, run_id)
-    return pq.read_table(path).to_pylist()[0] if path.is_file() else None
-
-
 def delete_rows(results_dir: str | os.PathLike, experiment: str) -> int:
     """Remove every row of an experiment (`genrec sweep --overwrite`); returns how many."""
-    folder = parquet_root(results_dir) / f"experiment={check_experiment_name(experiment)}"
-    files = list(folder.glob("*.parquet"))
+    files = list(experiment_dir(results_dir, experiment).glob("*.parquet"))
     for f in files:
         f.unlink()
     return len(files)

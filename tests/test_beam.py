@@ -101,7 +101,7 @@ def test_timings_and_counters_are_reported():
 def test_bad_params_and_inputs_are_rejected():
     ctx = make_ctx((3, 3), seed=0)
     beam = get_decoder("beam")
-    with pytest.raises(UserInputError, match="k must be"):
+    with pytest.raises(UserInputError, match="larger than the beam width"):
         make_params(beam, {"beam_width": 2, "k": 5})
     with pytest.raises(UserInputError, match="no parameter"):
         make_params(beam, {"beam": 2})

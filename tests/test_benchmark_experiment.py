@@ -12,7 +12,7 @@ import pytest
 import yaml
 from conftest import REPO, run_cli
 
-from genrec.platform.experiment import experiment_from_dict, load_experiment
+from genrec.platform.experiment import TrialSpec, experiment_from_dict, load_experiment
 from genrec.platform.tracking import read_results, write_result_row
 from genrec.workloads.benchmarks.registry import benchmark_names, get_benchmark
 from genrec.workloads.errors import UserInputError
@@ -85,17 +85,20 @@ def test_missing_dataset_without_benchmark_names_the_key(tmp_path):
 def test_benchmark_row_has_the_shared_columns():
     from genrec.platform.benchmark_trial import benchmark_kwargs, benchmark_row
 
-    job = {"experiment": "e", "benchmark": "mari_matmul", "threads": 0, "cpu": 1, "device": "cpu"}
-    kwargs = benchmark_kwargs(job, {"b": 4, "d_user": 8}, seed=3)
+    spec = TrialSpec(
+        experiment="e", results_dir="r", decoder="benchmark:mari_matmul", benchmark="mari_matmul"
+    )
+    assert spec.torch_threads == 1  # threads 0: the trial's CPU count
+    kwargs = benchmark_kwargs(spec, {"b": 4, "d_user": 8}, seed=3)
     assert kwargs == {"b": 4, "d_user": 8, "seed": 3, "threads": 1, "device": "cpu"}
     metrics = get_benchmark("mari_matmul").run(**kwargs, d_item=4, d_hidden=4, reps=2, warmup=0)
-    row = benchmark_row(job, "e-1", {"b": 4, "d_user": 8}, 3, metrics, "cpu")
+    row = benchmark_row(spec, "e-1", {"b": 4, "d_user": 8}, 3, metrics, "cpu")
     assert row["decoder"] == "benchmark:mari_matmul" and row["benchmark"] == "mari_matmul"
     assert row["param_b"] == 4 and json.loads(row["decoder_params"]) == {"b": 4, "d_user": 8}
     assert row["seed"] == 3 and row["threads"] >= 1 and "git_commit" in row and row["time_speedup"] > 0
     assert row["dataset"] == ""  # a synthetic kernel benchmark reads no dataset
     # a benchmark that reads one names it (nezha_arm's dataset_name), so reports can group by dataset
-    named = benchmark_row(job, "e-2", {"b": 4}, 3, {**metrics, "dataset_name": "beauty"}, "cpu")
+    named = benchmark_row(spec, "e-2", {"b": 4}, 3, {**metrics, "dataset_name": "beauty"}, "cpu")
     assert named["dataset"] == "beauty"
 
 

@@ -59,7 +59,8 @@ def test_bf16_training_step_on_cuda_reduces_loss():
 @pytest.mark.parametrize("dense", [True, False])
 def test_nezha_head_search_on_cuda_matches_cpu(verify, dense):
     from genrec.workloads.decoding.base import ItemIndex
-    from genrec.workloads.decoding.nezha import PrefixKeySets, head_beam_search
+    from genrec.workloads.decoding.nezha import head_beam_search
+    from genrec.workloads.decoding.prefix_keys import PrefixKeySets
     from genrec.workloads.models.nezha_head import HeadConfig, build_head
 
     codec = SIDCodec((16, 16, 16))
@@ -71,7 +72,8 @@ def test_nezha_head_search_on_cuda_matches_cpu(verify, dense):
     out = {}
     for device in ("cpu", "cuda"):
         # dense: per-level child tables; otherwise the search path of large catalogues
-        sets = PrefixKeySets(ItemIndex(codec, items, device), max_child_table=1 << 20 if dense else 0)
+        keys = ItemIndex(codec, items, device).keys
+        sets = PrefixKeySets(codec, keys, max_child_table=1 << 20 if dense else 0)
         with torch.no_grad():
             out[device] = head_beam_search(head.to(device), states.to(device), 10, codec, sets, verify)
     cpu, gpu = out["cpu"], out["cuda"]

@@ -1,9 +1,13 @@
 """The package layout: namespace folders mapped into genrec.*, no stdlib shadowing, a complete wheel,
-and --help on every CLI command."""
+--help on every CLI command, and the layering contract (checked on every module's source, lazy imports
+inside functions included)."""
 
+import ast
 import subprocess
 import sys
+import textwrap
 import zipfile
+from dataclasses import dataclass
 
 import pytest
 import typer
@@ -47,6 +51,221 @@ def test_workloads_import_nothing_the_gpu_machine_lacks():
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+# ---- the layering contract ----------------------------------------------------------------------------
+# Layers, lowest first: a module may import its own layer and the ones below. The CLI (platform) builds
+# reports (dashboards), the reports read results and benchmark definitions (workloads), and kernels are
+# leaf ops with their torch references beside them.
+LAYERS = ("kernels", "workloads", "dashboards", "platform")
+# What the lent GPU machine has besides the standard library: workloads and kernels run there from a
+# plain checkout, so anything else (ray, mlflow, plotly, pydantic, typer, fastapi, starlette, yaml, ...)
+# is refused there.
+GPU_MACHINE_HAS = frozenset({"torch", "triton", "numpy", "pandas", "pyarrow", "safetensors", "tqdm", "rich"})
+# Optional peers: allowed only inside functions (or for typing), where the comparison that needs them runs.
+OPTIONAL_PEERS = frozenset({"transformers"})
+GPU_ONLY_AREAS = ("workloads", "kernels")
+# The Triton kernel modules; every other kernels module (the torch references) must import without triton.
+TRITON_KERNELS = frozenset({"kernels/constrained_mask.py"})
+
+
+@dataclass(frozen=True)
+class Import:
+    line: int
+    module: str  # absolute dotted name (relative imports resolved)
+    names: tuple[str, ...]  # `from module import names`; empty for `import module`
+    lazy: bool  # inside a function, or only for type checking
+
+    def targets(self) -> set[str]:
+        """The module and every `module.name` (a name may be a submodule: `from genrec import platform`)."""
+        return {self.module, *(f"{self.module}.{n}" for n in self.names if n != "*")}
+
+
+def module_name(rel_path: str) -> tuple[str, bool]:
+    """'workloads/data/dataset.py' -> ('genrec.workloads.data.dataset', False); packages end in __init__."""
+    parts = rel_path.removesuffix(".py").split("/")
+    is_package = parts[-1] == "__init__"
+    return ".".join(["genrec", *(parts[:-1] if is_package else parts)]), is_package
+
+
+def resolve_relative(module: str | None, level: int, importer: str, is_package: bool) -> str:
+    package = importer if is_package else importer.rsplit(".", 1)[0]
+    base = package.split(".")[: len(package.split(".")) - (level - 1)]
+    return ".".join([*base, module] if module else base)
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _dynamic_import(node: ast.Call) -> str | None:
+    """The constant module name of `__import__("x")` / `importlib.import_module("x")`, else None."""
+    func = node.func
+    called = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+    if called not in ("__import__", "import_module") or not node.args:
+        return None
+    arg = node.args[0]
+    return arg.value if isinstance(arg, ast.Constant) and isinstance(arg.value, str) else None
+
+
+def imports_of(source: str, rel_path: str) -> list[Import]:
+    """Every import in a module's source at any depth: top level, inside functions, classes, try and if
+    blocks, and constant-name dynamic imports."""
+    importer, is_package = module_name(rel_path)
+    found: list[Import] = []
+
+    def visit(node: ast.AST, lazy: bool) -> None:
+        if isinstance(node, ast.Import):
+            found.extend(Import(node.lineno, alias.name, (), lazy) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            module = (
+                resolve_relative(node.module, node.level, importer, is_package) if node.level else node.module
+            )
+            found.append(Import(node.lineno, module or "", tuple(a.name for a in node.names), lazy))
+        elif isinstance(node, ast.Call) and (name := _dynamic_import(node)):
+            found.append(Import(node.lineno, name, (), lazy))
+        for child in ast.iter_child_nodes(node):
+            child_lazy = lazy or isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda)
+            if isinstance(node, ast.If) and _is_type_checking(node.test) and child in node.body:
+                child_lazy = True
+            visit(child, child_lazy)
+
+    visit(ast.parse(source, filename=rel_path), False)
+    return found
+
+
+def layer_of(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[0] == "genrec" and parts[1] in LAYERS else None
+
+
+def layer_rule(area: str, imp: Import) -> list[str]:
+    rank = LAYERS.index(area)
+    above = sorted({layer for t in imp.targets() if (layer := layer_of(t)) and LAYERS.index(layer) > rank})
+    order, allowed = " < ".join(LAYERS), ", ".join(LAYERS[: rank + 1])
+    return [f"imports genrec.{layer} [layers: {order}; {area} imports only {allowed}]" for layer in above]
+
+
+def gpu_machine_rule(area: str, imp: Import) -> list[str]:
+    top = imp.module.split(".")[0]
+    if area not in GPU_ONLY_AREAS or top in ("genrec", *sys.stdlib_module_names, *GPU_MACHINE_HAS):
+        return []
+    if top in OPTIONAL_PEERS:
+        why = "optional peers are imported inside the function that uses them"
+        return [] if imp.lazy else [f"imports {top} at module level [gpu-machine: {why}]"]
+    has = ", ".join(sorted(GPU_MACHINE_HAS))
+    return [f"imports {top} [gpu-machine: {area} imports only the standard library and {has}]"]
+
+
+def triton_rule(rel_path: str, imp: Import) -> list[str]:
+    if not rel_path.startswith("kernels/") or rel_path in TRITON_KERNELS:
+        return []
+    if imp.module.split(".")[0] == "triton":
+        what = "triton"
+    elif imp.targets() & {module_name(k)[0] for k in TRITON_KERNELS}:
+        what = "a Triton kernel module"
+    else:
+        return []
+    why = "torch references import without triton; name Triton kernel modules in TRITON_KERNELS"
+    return [f"imports {what} [triton-kernels: {why}]"]
+
+
+def violations(rel_path: str, source: str) -> list[str]:
+    """'path:line: what [rule]' for every import that breaks the layering contract."""
+    area = rel_path.split("/")[0]
+    return [
+        f"{rel_path}:{imp.line}: {problem}"
+        for imp in imports_of(source, rel_path)
+        for problem in [*layer_rule(area, imp), *gpu_machine_rule(area, imp), *triton_rule(rel_path, imp)]
+    ]
+
+
+def code_modules() -> list[str]:
+    return sorted(
+        p.relative_to(REPO).as_posix()
+        for area in LAYERS
+        for p in (REPO / area).rglob("*.py")
+        if "__pycache__" not in p.parts
+    )
+
+
+def test_every_module_keeps_the_layering_contract():
+    modules = code_modules()
+    assert {"kernels/constrained_mask_torch.py", "workloads/results_store.py"} <= set(modules)
+    found = [v for m in modules for v in violations(m, (REPO / m).read_text(encoding="utf-8"))]
+    assert not found, "layering contract broken:\n" + "\n".join(found)
+
+
+def test_triton_kernels_named_in_the_contract_exist():
+    assert all((REPO / k).is_file() for k in TRITON_KERNELS), sorted(TRITON_KERNELS)
+
+
+BANNED = [  # (module path, source, line and what the report must name)
+    ("workloads/x.py", "import torch\n\ndef f():\n    import ray.tune\n", 4, "ray"),
+    ("kernels/x.py", "def f():\n    from plotly import io\n", 2, "plotly"),
+    ("workloads/b/c.py", "try:\n    import yaml\nexcept ImportError:\n    pass\n", 2, "yaml"),
+    ("workloads/x.py", "class A:\n    import pydantic\n", 2, "pydantic"),
+    ("workloads/x.py", "import importlib\nimportlib.import_module('mlflow')\n", 2, "mlflow"),
+    ("workloads/x.py", "import transformers\n", 1, "transformers at module level"),
+    ("kernels/x.py", "from ..workloads.constraints import vntk\n", 1, "genrec.workloads"),
+    ("kernels/x.py", "def f():\n    import triton\n", 2, "triton"),
+    ("kernels/x.py", "from . import constrained_mask\n", 1, "a Triton kernel module"),
+    ("dashboards/x.py", "def f():\n    from genrec.platform import sweep\n", 2, "genrec.platform"),
+    ("workloads/a/b.py", "from ... import dashboards\n", 1, "genrec.dashboards"),
+    ("workloads/a/__init__.py", "from ... import platform\n", 1, "genrec.platform"),  # a package: . is itself
+]
+
+
+@pytest.mark.parametrize(("rel_path", "source", "line", "what"), BANNED)
+def test_contract_reports_banned_imports_with_file_line_and_rule(rel_path, source, line, what):
+    found = violations(rel_path, source)
+    assert any(v.startswith(f"{rel_path}:{line}: imports {what} [") for v in found), found
+
+
+ALLOWED = {
+    "kernels/ref.py": """
+        import math
+        import torch
+        from . import shared_prefix_attention
+        from .constrained_mask_torch import vntk
+    """,
+    "workloads/a/b.py": """
+        from typing import TYPE_CHECKING
+        import numpy
+        from genrec.kernels.constrained_mask import vntk_triton
+        from ..errors import UserInputError
+        if TYPE_CHECKING:
+            from transformers import LlamaForCausalLM
+        def f():
+            import triton
+            import transformers
+    """,
+    "dashboards/x.py": "import plotly\nfrom genrec.workloads.results_store import read_results\n",
+    "platform/x.py": "import ray\nfrom genrec.dashboards.report import build_report\n",
+}
+
+
+@pytest.mark.parametrize("rel_path", sorted(ALLOWED))
+def test_contract_accepts_what_each_layer_may_import(rel_path):
+    assert violations(rel_path, textwrap.dedent(ALLOWED[rel_path])) == []
+
+
+def test_kernel_torch_references_import_without_triton():
+    """Run, not just read: each non-Triton kernels module imports with triton made unimportable."""
+    references = [
+        module_name(m)[0] for m in code_modules() if m.startswith("kernels/") and m not in TRITON_KERNELS
+    ]
+    assert "genrec.kernels.constrained_mask_torch" in references
+    code = (
+        "import importlib, sys\n"
+        "sys.modules['triton'] = None  # any `import triton` now raises ImportError\n"
+        f"for name in {references!r}:\n"
+        "    importlib.import_module(name)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
 
 
 @pytest.mark.slow

@@ -14,20 +14,18 @@ from genrec.workloads.decoding import mtp as _mtp  # noqa: F401  (registers the 
 from genrec.workloads.decoding.base import DecoderContext, ItemIndex
 from genrec.workloads.decoding.nezha import (
     NezhaParams,
-    PrefixKeySets,
     PythonSetVerifier,
     decode_with_head,
     head_beam_search,
     reference_decode,
 )
+from genrec.workloads.decoding.prefix_keys import PrefixKeySets
 from genrec.workloads.errors import UserInputError
 from genrec.workloads.models.checkpoint import load_checkpoint, save_checkpoint
 from genrec.workloads.models.nezha_head import (
     HeadConfig,
     append_placeholders,
-    attach_head,
     build_head,
-    get_head,
     head_states,
     sid_log_prob,
 )
@@ -64,7 +62,7 @@ def random_items(sizes, n, seed):
 
 def index_and_sets(codec, items):
     index = ItemIndex(codec, items)
-    return index, PrefixKeySets(index), PythonSetVerifier(codec, items)
+    return index, PrefixKeySets(codec, index.keys), PythonSetVerifier(codec, items)
 
 
 def finite_results(codes, scores):
@@ -184,7 +182,7 @@ def test_valid_children_and_the_fast_mask_equal_the_python_set_on_every_child(si
     items = random_items(sizes, n_items, seed)
     pyset = PythonSetVerifier(codec, items)
     # dense: one child table per level; otherwise every child is searched (the large-catalogue path)
-    prefixes = PrefixKeySets(ItemIndex(codec, items), max_child_table=1 << 20 if dense else 0)
+    prefixes = PrefixKeySets(codec, ItemIndex(codec, items).keys, max_child_table=1 << 20 if dense else 0)
     assert all((t is not None) == dense for t in prefixes.child_tables)
     rng = np.random.default_rng(seed + 1)
     random_codes = np.stack([rng.integers(0, t, 20) for t in sizes], axis=1)
@@ -307,7 +305,7 @@ def test_nezha_training_lowers_head_loss_and_round_trips_the_head(nezha_model_di
     for h in hist:  # the per-level parts add up to the recorded validation loss
         assert len(h["val_level_loss"]) == 3 and sum(h["val_level_loss"]) == pytest.approx(h["val_loss"])
     assert ckpt.meta["history_blind_val_loss"] > 0
-    head = get_head(ckpt.model)
+    head = ckpt.head
     assert head is not None and head.config.kind == "nezha" and head.config.codebook_sizes == (8, 8, 8)
     # the backbone's own state_dict has no head tensors (the HF bridge keeps working)
     assert not any(k.startswith("draft_head") for k in ckpt.model.state_dict())
@@ -318,7 +316,7 @@ def test_nezha_decoder_returns_valid_items_with_phase_timings(nezha_model_dir, s
 
     ckpt = load_checkpoint(nezha_model_dir)
     ds = load_dataset(synth_dir)
-    ctx = DecoderContext(ckpt.model, ckpt.codec, ds.item_codes(), ckpt.max_items)
+    ctx = DecoderContext(ckpt.model, ckpt.codec, ds.item_codes(), ckpt.max_items, draft_head=ckpt.head)
     histories = [ex.history for ex in ds.eval_examples("test")[:16]]
     res = decode_with_head(ctx, histories, NezhaParams(beam_width=10, k=10), "nezha")
     assert res.codes.shape == (16, 10, 3) and bool(res.valid.all()) and bool((res.item_ids >= 0).all())
@@ -326,7 +324,7 @@ def test_nezha_decoder_returns_valid_items_with_phase_timings(nezha_model_dir, s
     assert res.counters["returned_valid"] == 160 and res.counters["model_calls"] == 1
     with pytest.raises(UserInputError, match="mtp"):
         decode_with_head(ctx, histories, NezhaParams(), "mtp")
-    attach_head(ckpt.model, None)
+    ctx.draft_head = None
     with pytest.raises(UserInputError, match="--objective nezha"):
         decode_with_head(ctx, histories, NezhaParams(), "nezha")
 
@@ -336,7 +334,7 @@ def test_cli_eval_with_the_nezha_decoder(nezha_model_dir, tmp_path, capsys):
     assert run_cli([*args, "--max-users", "64", "--quiet", "--no-baseline"]) == 0
     assert "nezha" in capsys.readouterr().out
     ckpt = load_checkpoint(nezha_model_dir)  # the same backbone saved without its head
-    attach_head(ckpt.model, None)
+    ckpt.head = None
     save_checkpoint(tmp_path / "plain", ckpt)
     assert not load_checkpoint(tmp_path / "plain").meta.get("head")
     assert run_cli(["eval", "--model", str(tmp_path / "plain"), "--decoder", "nezha", "--quiet"]) == 2

@@ -9,6 +9,7 @@ import json
 import socket
 import urllib.error
 import urllib.request
+from dataclasses import asdict
 
 import pytest
 
@@ -16,6 +17,7 @@ pytest.importorskip("ray.serve")
 aiohttp = pytest.importorskip("aiohttp")
 
 from genrec.platform.actors import DecoderHost, HostConfig  # noqa: E402
+from genrec.platform.params import parse_decoder_params  # noqa: E402
 from genrec.platform.serve.config import ServeConfig  # noqa: E402
 from genrec.platform.serve.ingress import resolve_ingress  # noqa: E402
 from genrec.platform.serve.server import reconfigure, start_server, stop_server  # noqa: E402
@@ -80,11 +82,15 @@ def test_health_decoders_and_constraint_sets(app, synth_dir):
     assert health["ingress"] == resolve_ingress("auto")
     decoders = get(f"{url}/decoders")
     assert decoders["default"] == "beam"
-    assert decoders["decoders"]["beam"]["defaults"] == {"beam_width": 8, "k": 5}
-    assert "constraint" in decoders["decoders"]["static"]["parameters"]
-    sets = {s["name"]: s for s in get(f"{url}/constraint-sets")["sets"]}
-    assert set(sets) == {"all", "cold_start", "few"}
-    assert sets["few"]["available"] and sets["few"]["size"] == 20
+    assert decoders["decoders"]["beam"]["defaults"] == asdict(
+        parse_decoder_params("beam", {"beam_width": 8, "k": 5})
+    )
+    assert decoders["decoders"]["static"]["parameters"]["constraint"] == {"type": "str", "default": "all"}
+    sets = get(f"{url}/constraint-sets")
+    assert sets["decoders"] == ["beam", "static"]  # every served decoder that takes a constraint
+    by_name = {s["name"]: s for s in sets["sets"]}
+    assert set(by_name) == {"all", "cold_start", "few"}
+    assert by_name["few"]["available"] and by_name["few"]["size"] == 20
 
 
 def test_recommend_matches_the_decoder_run_directly(app, tiny_model_dir, synth_dir):
@@ -94,7 +100,7 @@ def test_recommend_matches_the_decoder_run_directly(app, tiny_model_dir, synth_d
             model=str(tiny_model_dir),
             data=str(synth_dir),
             decoders=("beam",),
-            defaults={"beam": {"beam_width": 8}},
+            defaults={"beam": {"beam_width": 8, "k": 5}},  # the app's: k is never narrowed silently
             warmup_batches=0,
         )
     )
@@ -114,15 +120,19 @@ def test_recommend_matches_the_decoder_run_directly(app, tiny_model_dir, synth_d
         assert 1 <= body["batch_size"] <= 2
 
 
-def test_constraint_set_restricts_items(app, synth_dir):
+@pytest.mark.parametrize("decoder", ["beam", "static"])
+def test_constraint_restricts_items_for_any_beam_decoder(app, synth_dir, decoder):
     url, _ = app
     from genrec.workloads.data.dataset import load_dataset
 
     ds = load_dataset(synth_dir)
     cold = set(map(int, (ds.item_popularity("train") == 0).nonzero()[0]))
-    status, body, _ = post(url, {"history": [1, 2, 3], "k": 5, "constraint_set": "cold_start"})
+    status, body, _ = post(
+        url, {"history": [1, 2, 3], "k": 5, "decoder": decoder, "constraint": "cold_start"}
+    )
     assert status == 200, body
-    assert body["decoder"] == "static" and body["items"]
+    assert body["decoder"] == decoder and body["items"]
+    assert body["params"]["constraint"] == "cold_start"
     assert {it["item_id"] for it in body["items"]} <= cold
 
 
@@ -139,14 +149,16 @@ def test_constraint_set_restricts_items(app, synth_dir):
         ({"history": ["a"], "k": 5}, 422, "`history.0`"),
         ({"history": [1], "k": 9}, 422, "larger than the beam width (8)"),
         ({"history": [1], "k": 9, "beam_width": 4}, 422, "larger than the beam width (4)"),
-        ({"history": [1], "k": 0}, 422, "`k` must be between 1"),
-        ({"history": [1], "decoder": "nope"}, 422, "'nope' is not served"),
-        ({"history": [1], "constraint_set": "nope"}, 422, "unknown set 'nope'"),
+        ({"history": [1], "k": 0}, 422, "`k` must be >= 1, got 0"),
         (
-            {"history": [1], "constraint_set": "all", "decoder": "beam"},
+            {"history": [1], "params": {"beam_width": "ten"}},
             422,
-            "decoded by the `static` decoder",
+            "`beam_width` takes an int, got 'ten' (str)",
         ),
+        ({"history": [1], "decoder": "nope"}, 422, "'nope' is not served"),
+        ({"history": [1], "constraint": "nope"}, 422, "'nope' is not a constraint rule"),
+        ({"history": [1], "constraint_set": "all"}, 422, "renamed `constraint`"),
+        ({"history": [1], "constraint": "random", "params": {"constraint_size": 7}}, 422, "not built"),
         ({"history": [1], "colour": "red"}, 422, "unknown field `colour`"),
     ],
 )

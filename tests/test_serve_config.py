@@ -8,6 +8,7 @@ import pytest
 import yaml
 from conftest import REPO, run_cli
 
+from genrec.platform.params import parse_decoder_params
 from genrec.platform.serve.config import ServeConfig, check_model_dir, parse_serve_config, read_serve_file
 from genrec.platform.serve.requests import Limits, RequestError, parse_recommend
 from genrec.workloads.errors import UserInputError
@@ -55,35 +56,43 @@ def test_serve_config_overrides_from_the_command_line(tmp_path: Path):
     assert live["max_batch_size"] == 1 and live["request_timeout_s"] == cfg.request_timeout_s
 
 
-LIMITS = Limits(
-    num_items=100,
-    max_history=5,
-    max_k=50,
-    history_policy="reject",
-    decoders=("beam",),
-    default_decoder="beam",
-    constraint_sets={},
-    unavailable_sets={"cold_start": "every catalogue item occurs in the training split"},
-    defaults={"beam": {"beam_width": 10, "k": 10}},
-)
-
-
-class _Params:
-    def __init__(self, **kw):
-        self.__dict__.update(kw)
-
-
-def _resolve(decoder, overrides):
-    return decoder, _Params(beam_width=overrides.get("beam_width", 10), k=overrides.get("k", 10))
+def limits() -> Limits:
+    return Limits(
+        num_items=100,
+        max_history=5,
+        max_k=50,
+        history_policy="reject",
+        decoders=("beam",),
+        default_decoder="beam",
+        defaults={"beam": parse_decoder_params("beam", {"beam_width": 10, "k": 10})},
+        constraint_sets={},
+        unavailable_sets={"cold_start": "every catalogue item occurs in the training split"},
+    )
 
 
 def test_reject_policy_and_unavailable_sets():
     with pytest.raises(RequestError, match="model's window is 5") as e:
-        parse_recommend(b'{"history": [1, 2, 3, 4, 5, 6]}', LIMITS, _resolve)
+        parse_recommend(b'{"history": [1, 2, 3, 4, 5, 6]}', limits())
     assert e.value.status == 422
     with pytest.raises(RequestError, match="unavailable here: every catalogue item"):
-        parse_recommend(b'{"history": [1], "constraint_set": "cold_start"}', LIMITS, _resolve)
+        parse_recommend(b'{"history": [1], "constraint": "cold_start"}', limits())
     with pytest.raises(RequestError, match="`history.0`"):
-        parse_recommend(b'{"history": [true]}', LIMITS, _resolve)  # strict: a bool is not an item id
-    job = parse_recommend(b'{"history": [1, 2, 3, 4, 5], "k": 3, "beam_width": 4}', LIMITS, _resolve)
-    assert job.history == (1, 2, 3, 4, 5) and job.k == 3 and dict(job.params) == {"beam_width": 4, "k": 3}
+        parse_recommend(b'{"history": [true]}', limits())  # strict: a bool is not an item id
+    job = parse_recommend(b'{"history": [1, 2, 3, 4, 5], "k": 3, "beam_width": 4}', limits())
+    assert job.history == (1, 2, 3, 4, 5) and job.k == 3
+    assert job.params == parse_decoder_params("beam", {"beam_width": 4, "k": 3})
+
+
+def test_serve_config_checks_decoders_defaults_and_sets_before_ray():
+    with pytest.raises(
+        UserInputError, match="`defaults.beam`: `k` \\(30\\) is larger than the beam width \\(20\\)"
+    ):
+        parse_serve_config({"model": "m", "defaults": {"beam": {"beam_width": 20, "k": 30}}})
+    with pytest.raises(UserInputError, match="`decoders`: \\['bem'\\]"):
+        parse_serve_config({"model": "m", "decoders": ["bem"], "defaults": {}})
+    with pytest.raises(UserInputError, match="constraint_sets.few"):
+        parse_serve_config({"model": "m", "constraint_sets": {"few": {"rule": "random"}}})
+    with pytest.raises(UserInputError, match="constraint_sets.odd.rule"):
+        parse_serve_config({"model": "m", "constraint_sets": {"odd": {"rule": "odd"}}})
+    cfg = parse_serve_config({"model": "m", "decoders": ["nezha", "beam"], "defaults": {}})
+    assert set(cfg.constraint_sets) == {"all", "cold_start"}  # kept: nezha and beam take a constraint

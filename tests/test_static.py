@@ -25,11 +25,8 @@ from genrec.workloads.constraints.sets import (
 from genrec.workloads.constraints.transition import build_transition_matrix
 from genrec.workloads.constraints.vntk import StaticMask
 from genrec.workloads.decoding.base import DecoderContext, get_decoder, make_params
-from genrec.workloads.decoding.static import (
-    constrained_beam_search,
-    constraint_set_for,
-    register_constraint_set,
-)
+from genrec.workloads.decoding.beam import backbone_beam_search
+from genrec.workloads.decoding.params import BeamParams
 from genrec.workloads.errors import UserInputError
 from genrec.workloads.models.transformer import GRTransformer, ModelConfig
 from genrec.workloads.sid_codec import SIDCodec
@@ -205,7 +202,7 @@ def test_memory_within_paper_u_max():
 # --- decoder -----------------------------------------------------------------------------------
 def test_golden_example_decodes_exactly_the_set():
     ctx = make_ctx((10,) * 5, seed=0, item_codes=np.array(GOLDEN + [(9, 9, 9, 9, 9), (0, 1, 2, 3, 4)]))
-    register_constraint_set(ctx, ConstraintSet.from_codes("golden", ctx.codec, GOLDEN))
+    ctx.constraints.register(ConstraintSet.from_codes("golden", ctx.codec, GOLDEN))
     dec = get_decoder("static")
     for d in (0, 1, 2):
         res = dec.decode(
@@ -234,7 +231,7 @@ def test_static_equals_brute_force_constrained_beam(sizes, seed, width, d, n_all
     rng = np.random.default_rng(seed)
     pick = rng.choice(len(ctx.item_codes), size=min(n_allowed, len(ctx.item_codes)), replace=False)
     allowed = [tuple(r) for r in ctx.item_codes[pick].tolist()]
-    register_constraint_set(ctx, ConstraintSet.from_codes("sub", ctx.codec, allowed))
+    ctx.constraints.register(ConstraintSet.from_codes("sub", ctx.codec, allowed))
     dec = get_decoder("static")
     k = width
     histories = [list(rng.integers(0, len(ctx.item_codes), size=rng.integers(1, 4))) for _ in range(2)]
@@ -297,7 +294,7 @@ def test_baseline_backends_decode_like_static(backend):
     base = {"beam_width": 5, "k": 5, "constraint": "random", "constraint_size": 20, "dense_levels": 1}
     ref = dec.decode(ctx, [[0, 1], [3]], make_params(dec, base))
     res = dec.decode(ctx, [[0, 1], [3]], make_params(dec, {**base, "backend": backend}))
-    cset = constraint_set_for(ctx, make_params(dec, base))
+    cset = ctx.constraints.constraint_set(make_params(dec, base))
     if backend in ("cpu_trie", "ppv_exact"):  # exact backends: identical search
         assert torch.equal(res.codes, ref.codes) and torch.equal(res.scores, ref.scores)
     elif backend == "ppv_approx":  # top-50 >= T here, so also exact
@@ -339,8 +336,8 @@ def test_live_updates_decode_like_a_rebuilt_index(seed, d, width):
             build_transition_matrix(ConstraintSet.from_codes("r", ctx.codec, sorted(current)), d)
         )
         hist = [[0, 1], [2]]
-        a = constrained_beam_search(ctx, hist, width, width, live)
-        b = constrained_beam_search(ctx, hist, width, width, rebuilt)
+        a = backbone_beam_search(ctx, hist, BeamParams(k=width, beam_width=width), live)
+        b = backbone_beam_search(ctx, hist, BeamParams(k=width, beam_width=width), rebuilt)
         assert torch.equal(a.codes, b.codes) and torch.equal(a.scores, b.scores)
     live.merge()
     assert {tuple(r) for r in live.current_codes().tolist()} == current and not live.delta

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field, fields
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -28,7 +30,9 @@ from genrec.workloads.training.trainer import resolve_device
 @dataclass
 class EvalConfig:
     decoder: str = "beam"
-    params: dict = field(default_factory=dict)  # decoder parameters, e.g. {"beam_width": 10}
+    # the decoder's Params (typed and validated, e.g. by genrec.platform.params.eval_params), or a dict
+    # of values for workloads-internal callers, e.g. {"beam_width": 10}
+    params: Any = field(default_factory=dict)
     split: str = "test"
     ks: tuple[int, ...] = (5, 10)
     batch_size: int = 64
@@ -70,22 +74,38 @@ def load_context(
             f"dataset {data_dir} has codebook sizes {ds.codec.codebook_sizes}, but the model was trained "
             f"for {ckpt.codec.codebook_sizes}; evaluate on the dataset the model was trained on"
         )
-    ctx = DecoderContext(ckpt.model, ckpt.codec, ds.item_codes(), ckpt.max_items, ds.item_popularity("train"))
+    ctx = DecoderContext(
+        ckpt.model, ckpt.codec, ds.item_codes(), ckpt.max_items, ds.item_popularity("train"), ckpt.head
+    )
     return ctx, ds, ckpt
 
 
-def resolve_params(decoder_name: str, params: dict, ks: tuple[int, ...]) -> object:
-    """Decoder params with k defaulting to the largest K evaluated."""
+def eval_defaults(params_type: type, ks: tuple[int, ...]) -> dict[str, Any]:
+    """Defaults derived from the cut-offs: k = the largest K, and a beam at least that wide. Only
+    defaults: a k the caller gives is checked against the beam width, never widened past it."""
+    defaults = {f.name: f.default for f in fields(params_type)}
+    out: dict[str, Any] = {}
+    if "k" in defaults:
+        out["k"] = max(ks)
+    if "beam_width" in defaults:
+        out["beam_width"] = max(max(ks), defaults["beam_width"])
+    return out
+
+
+def resolve_params(decoder_name: str, params: Any, ks: tuple[int, ...]) -> Any:
+    """The decoder's Params for an evaluation with cut-offs `ks`: a Params object as given (typed by
+    the platform's adapter), or a dict of values over `eval_defaults`; its k must cover every K."""
     decoder = get_decoder(decoder_name)
-    values = dict(params)
-    names = {f.name for f in fields(decoder.Params)}
-    if "k" in names:
-        values.setdefault("k", max(ks))
-        if values["k"] < max(ks):
-            raise UserInputError(f"decoder k={values['k']} is smaller than the largest --k {max(ks)}")
-    if "beam_width" in names:
-        values.setdefault("beam_width", max(values.get("k", 1), 10))
-    return make_params(decoder, values)
+    if isinstance(params, Mapping):
+        params = make_params(decoder, {**eval_defaults(decoder.Params, ks), **params})
+    elif type(params) is not decoder.Params:
+        raise UserInputError(
+            f"decoder {decoder_name!r} takes {decoder.Params.__name__}, got {type(params).__name__}"
+        )
+    k = getattr(params, "k", None)
+    if k is not None and k < max(ks):
+        raise UserInputError(f"decoder k={k} is smaller than the largest --k {max(ks)}")
+    return params
 
 
 def evaluate(
@@ -139,7 +159,7 @@ def evaluate(
     quality["users_with_k_valid"] = float(np.concatenate(full_lists).mean())
     row = ResultRow(
         decoder=cfg.decoder,
-        decoder_params=vars(params).copy(),
+        decoder_params=asdict(params),
         dataset=ds.manifest.name,
         model=model_name,
         split=cfg.split,

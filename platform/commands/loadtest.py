@@ -66,7 +66,10 @@ def loadtest_command(
     beam_width: Annotated[
         int | None, typer.Option(help="Beam width to ask for (default: the app's).")
     ] = None,
-    constraint_set: Annotated[str | None, typer.Option(help="Constraint set to ask for.")] = None,
+    constraint: Annotated[
+        str | None,
+        typer.Option(help="Constraint to ask for: a set of the deployment (GET /constraint-sets) or a rule."),
+    ] = None,
     seed: Annotated[int, typer.Option(help="Seed of the arrival times and of the histories drawn.")] = 0,
     timeout_s: Annotated[float, typer.Option(help="Client timeout per request (counts as timeout).")] = 10.0,
     max_rejection: Annotated[
@@ -123,7 +126,7 @@ def loadtest_command(
         k=k,
         decoder=decoder,
         beam_width=beam_width,
-        constraint_set=constraint_set,
+        constraint=constraint,
         seed=seed,
         timeout_s=timeout_s,
         slo_ms=slo_ms,

@@ -10,26 +10,6 @@ import typer
 from genrec.workloads.errors import UserInputError
 
 
-def parse_param_values(pairs: list[str]) -> dict:
-    """['beam_width=20', 'mode=strict'] -> {'beam_width': 20, 'mode': 'strict'} (ints/floats/bools parsed)."""
-    out: dict = {}
-    for pair in pairs:
-        if "=" not in pair:
-            raise UserInputError(f"--param {pair!r}: expected NAME=VALUE, e.g. --param beam_width=20")
-        name, raw = pair.split("=", 1)
-        value: object = raw
-        for cast in (int, float):
-            try:
-                value = cast(raw)
-                break
-            except ValueError:
-                continue
-        if raw.lower() in ("true", "false"):
-            value = raw.lower() == "true"
-        out[name.strip()] = value
-    return out
-
-
 def train_command(
     data: Annotated[
         Path, typer.Option(help="Dataset folder (from `genrec data synth` or `genrec data import`).")
@@ -101,11 +81,19 @@ def train_command(
 def eval_command(
     model: Annotated[Path, typer.Option(help="Checkpoint folder from `genrec train`.")],
     decoder: Annotated[str, typer.Option(help="Registered decoder name (see `genrec decoders`).")] = "beam",
-    beam_width: Annotated[int, typer.Option(help="Beam width (decoders that have one).")] = 0,
+    beam_width: Annotated[
+        int | None, typer.Option(help="Beam width (decoders that have one); short for --param beam_width=N.")
+    ] = None,
     k: Annotated[
         list[int], typer.Option("--k", help="Cut-offs K for HR/NDCG/Recall@K; several: --k 5 10.")
     ] = None,
-    param: Annotated[list[str], typer.Option(help="Extra decoder parameter NAME=VALUE (repeatable).")] = None,
+    param: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Decoder parameter NAME=VALUE, VALUE read as in a YAML file (repeatable), e.g. "
+            "--param constraint=cold_start; `genrec decoders` lists them."
+        ),
+    ] = None,
     data: Annotated[
         Path | None, typer.Option(help="Dataset folder (default: the one the model was trained on).")
     ] = None,
@@ -121,14 +109,20 @@ def eval_command(
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
 ) -> None:
     """Decode a split with a registered decoder and print HR/NDCG/Recall@K, invalid rate and latency."""
+    from genrec.platform.params import cli_values, eval_params
     from genrec.workloads.evaluation import EvalConfig, evaluate, format_table, load_context, model_label
 
-    params = parse_param_values(param or [])
-    if beam_width:
-        params["beam_width"] = beam_width
-    ctx, ds, _ = load_context(model, data, device)
     ks = tuple(sorted(set(k or [5, 10])))
-    runs = [(decoder, params)] + ([("popular", {})] if baseline and decoder != "popular" else [])
+    values = cli_values(param or [])
+    if beam_width is not None:
+        if "beam_width" in values:
+            raise UserInputError("give the beam width once: --beam-width or --param beam_width, not both")
+        values["beam_width"] = beam_width
+    # typed and validated before the model loads: a bad parameter costs no time
+    runs = [(decoder, eval_params(decoder, values, ks))]
+    if baseline and decoder != "popular":
+        runs.append(("popular", eval_params("popular", {}, ks)))
+    ctx, ds, _ = load_context(model, data, device)
     rows = []
     for name, p in runs:
         cfg = EvalConfig(
@@ -155,11 +149,12 @@ def eval_command(
 
 
 def decoders_command() -> None:
-    """List registered decoders with their parameters and defaults."""
-    from genrec.workloads.decoding.base import decoder_names, decoder_parameters
+    """List registered decoders with their parameters (name: type = default); set them with --param."""
+    from genrec.platform.params import describe_parameters
+    from genrec.workloads.decoding.base import decoder_names
 
     for name in decoder_names():
-        params = ", ".join(f"{k}={v}" for k, v in decoder_parameters(name).items())
+        params = ", ".join(f"{p.name}: {p.type} = {p.default!r}" for p in describe_parameters(name))
         typer.echo(f"{name:10s} {params}")
 
 

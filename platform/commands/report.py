@@ -12,7 +12,8 @@ import typer
 
 from genrec.workloads.errors import UserInputError
 
-DEFAULT_RESULTS_DIR = "runs/results"  # same default as genrec.platform.tracking
+# same default as genrec.workloads.results_store, not imported from there so `genrec --help` stays fast
+DEFAULT_RESULTS_DIR = "runs/results"
 
 
 def parse_budgets(text: str | None) -> list[float] | None:

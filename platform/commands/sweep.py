@@ -132,7 +132,7 @@ def runs_command(
     fmt: Annotated[str, typer.Option("--format", help="table, csv or json (one object per line).")] = "table",
 ) -> None:
     """List result rows from the Parquet store, filtered with pandas."""
-    from genrec.platform.tracking import list_experiments, read_results
+    from genrec.workloads.results_store import list_experiments, read_results
 
     if fmt not in ("table", "csv", "json"):
         raise UserInputError(f"--format must be table, csv or json, got {fmt!r}")

@@ -1,14 +1,16 @@
 """The Ray Serve app: a FastAPI ingress whose replicas each own a DecoderHost.
 
-    POST /recommend        {history, k, decoder?, beam_width?, constraint_set?} -> items + timings
+    POST /recommend        {history, decoder?, k?, beam_width?, constraint?, params?} -> items + timings
     POST /rank             {user: {profile, seq}, items, cross, mode?} -> per-task scores of B candidates
                            (only with a ranking checkpoint, `ranking: DIR`; see platform/serve/ranking.py)
     GET  /health           model, dataset, decoders, batching settings
-    GET  /decoders         names, parameters and defaults
-    GET  /constraint-sets  the sets requests can name
+    GET  /decoders         names, parameters (type, default) and the deployment's defaults
+    GET  /constraint-sets  the sets requests can name with `constraint` (any beam-based decoder)
 
-Requests are checked in the replica's event loop (`parse_recommend`), then queued for
-`@serve.batch`: a batch is split into groups with the same decoder and parameters and each group is
+Requests are checked in the replica's event loop (`parse_recommend`: the decoder's parameters go
+through genrec.platform.params, as in YAML experiments and `genrec eval --param`), then queued with
+their frozen Params for `@serve.batch`: a batch is split into groups with the same decoder and
+Params (equal Params hash equal) and each group is
 one decoder call, run on the replica's event loop: requests that arrive meanwhile wait in the socket
 and the proxy and join the next batch (a worker thread would keep accepting them, but on a small CPU
 its fight with the event loop over the GIL made both slower: see docs/serving.md).
@@ -31,6 +33,7 @@ import os
 import sys
 import time
 from collections import defaultdict
+from dataclasses import asdict
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -40,9 +43,11 @@ from ray.serve.config import BackpressureConfig
 from starlette.requests import ClientDisconnect
 
 from genrec.platform.actors import DecoderHost, HostConfig, actor_resources
+from genrec.platform.params import describe_parameters
 from genrec.platform.serve.config import (
     DEPLOYMENT_NAME,
     BatchingConfig,
+    ConstraintFields,
     ServeConfig,
     check_model_dir,
     parse_serve_config,
@@ -63,18 +68,25 @@ def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"detail": message}, status_code=status)
 
 
-def check_constraint_sets(host: DecoderHost, cfg: ServeConfig) -> tuple[dict[str, dict], dict[str, str]]:
-    """Build every configured set once (so requests never pay for it); unbuildable ones are reported."""
-    from genrec.workloads.decoding.static import static_mask_for
-
+def check_constraint_sets(
+    host: DecoderHost, cfg: ServeConfig
+) -> tuple[dict[str, ConstraintFields], dict[str, str]]:
+    """Build every configured set once, for every served decoder that takes a constraint, by decoding a
+    history with it (so requests never pay for a build); sets that cannot be built are reported."""
+    takers = [name for name, p in host.defaults.items() if hasattr(p, "constraint")]
+    history = host.sample_histories(1)
     ok, unavailable = {}, {}
-    for name, spec in cfg.constraint_sets.items():
-        values = spec.static_params()
+    for set_name, spec in cfg.constraint_sets.items():
+        fields = spec.constraint_fields()
+        if not takers:
+            unavailable[set_name] = f"no served decoder takes a constraint ({list(cfg.decoders)})"
+            continue
         try:
-            static_mask_for(host.context, host.resolve("static", values)[1])
-            ok[name] = values
+            for decoder in takers:
+                host.decode(history, decoder, host.resolve(decoder, fields.values())[1])
+            ok[set_name] = fields
         except UserInputError as e:
-            unavailable[name] = str(e)
+            unavailable[set_name] = f"{decoder}: {e}"
     return ok, unavailable
 
 
@@ -88,7 +100,7 @@ def response_body(job: RecommendJob, row, out, queue_ms: float, batch: int) -> d
         "items": items,
         "decoder": out.decoder,
         "k": job.k,
-        "params": out.params,
+        "params": asdict(out.params),
         "invalid_dropped": int(sum(not v for v in row.valid[: job.k])),
         "history_truncated": bool(job.truncated_from),
         "notes": list(job.notes),
@@ -123,9 +135,9 @@ class Recommender:
             history_policy=self.cfg.history_policy,
             decoders=tuple(self.cfg.decoders),
             default_decoder=self.cfg.decoders[0],
+            defaults=dict(self.host.defaults),
             constraint_sets=sets,
             unavailable_sets=unavailable,
-            defaults={name: vars(p).copy() for name, p in self.host.defaults.items()},
         )
         self.batching = self.cfg.batching
         self.request_timeout_s = self.cfg.request_timeout_s
@@ -191,15 +203,20 @@ class Recommender:
         return {
             "default": self.limits.default_decoder,
             "decoders": {
-                name: {"parameters": self.host.parameter_names(name), "defaults": params}
-                for name, params in self.host.describe()["decoders"].items()
+                name: {
+                    "parameters": {
+                        p.name: {"type": p.type, "default": p.default} for p in describe_parameters(name)
+                    },
+                    "defaults": asdict(params),
+                }
+                for name, params in self.host.defaults.items()
             },
         }
 
     @api.get("/constraint-sets")
     def constraint_sets(self) -> dict[str, Any]:
         return {
-            "decoder": "static",
+            "decoders": [name for name, p in self.host.defaults.items() if hasattr(p, "constraint")],
             "sets": [
                 {
                     "name": n,
@@ -215,7 +232,7 @@ class Recommender:
     async def recommend(self, request: Request) -> JSONResponse:
         arrived = time.perf_counter()
         try:
-            job = parse_recommend(await request.body(), self.limits, self.host.resolve)
+            job = parse_recommend(await request.body(), self.limits)
         except RequestError as e:
             return _error(e.status, e.message)
         except ClientDisconnect:  # the client hung up before sending its body: nobody reads an answer
@@ -275,8 +292,8 @@ class Recommender:
             groups[job.group].append(i)
         answers: list[Any] = [None] * len(requests)
         for (decoder, params), members in groups.items():
-            try:
-                out = self.host.decode([list(requests[i][0].history) for i in members], decoder, dict(params))
+            try:  # the job's frozen Params as parsed: no re-validation, no dict round trip
+                out = self.host.decode([list(requests[i][0].history) for i in members], decoder, params)
             except UserInputError as e:
                 for i in members:
                     answers[i] = e

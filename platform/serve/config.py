@@ -16,6 +16,7 @@ restarting replicas.
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,34 +24,69 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from genrec.platform.experiment import format_validation_error
+from genrec.workloads.decoding.params import CONSTRAINT_RULES, SIZED_RULES, BeamParams
 from genrec.workloads.errors import UserInputError
 
 DEFAULT_HOST = "127.0.0.1"  # local only unless the config says otherwise
 DEFAULT_PORT = 8000
 APP_IMPORT_PATH = "genrec.platform.serve.app:build_app"
 DEPLOYMENT_NAME = "Recommender"
-CONSTRAINT_RULES = ("all", "cold_start", "random", "file")
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class ConstraintSetSpec(_Strict):
-    """A constraint set requests can name (`constraint_set`); decoded with the `static` decoder."""
+@dataclass(frozen=True)
+class ConstraintFields:
+    """The constraint fields of a beam-based decoder's Params, keeping only those its rule reads (so
+    two requests for the same set compare equal whatever they left at their defaults)."""
 
-    rule: Literal["all", "cold_start", "random", "file"] = "all"
-    size: int = 0  # random: how many items
-    seed: int = 0  # random
+    constraint: str = "none"
+    constraint_size: int = 0
+    constraint_seed: int = 0
+    constraint_path: str = ""
+
+    @classmethod
+    def of(cls, params: Any) -> ConstraintFields:
+        rule = params.constraint
+        sized = rule in SIZED_RULES
+        return cls(
+            constraint=rule,
+            constraint_size=params.constraint_size if sized else 0,
+            constraint_seed=params.constraint_seed if sized else 0,
+            constraint_path=params.constraint_path if rule == "file" else "",
+        )
+
+    def values(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def describe(self) -> str:
+        if self.constraint in SIZED_RULES:
+            return f"{self.constraint!r} (size {self.constraint_size}, seed {self.constraint_seed})"
+        if self.constraint == "file":
+            return f"'file' ({self.constraint_path})"
+        return repr(self.constraint)
+
+
+class ConstraintSetSpec(_Strict):
+    """A constraint set requests can name (`constraint`); any served beam-based decoder decodes with it."""
+
+    rule: Literal[CONSTRAINT_RULES] = "all"  # the one list of rules (workloads/decoding/params.py)
+    size: int = 0  # random / uniform: how many SIDs
+    seed: int = 0  # random / uniform
     path: str = ""  # file: a .npy or text list of SIDs
 
-    def static_params(self) -> dict[str, Any]:
-        return {
-            "constraint": self.rule,
-            "constraint_size": self.size,
-            "constraint_seed": self.seed,
-            "constraint_path": self.path,
-        }
+    @model_validator(mode="after")
+    def _complete(self) -> ConstraintSetSpec:
+        try:  # the rules' own checks (size for random, path for file), worded as for any parameter
+            BeamParams(**self.constraint_fields().values()).validate()
+        except UserInputError as e:
+            raise ValueError(str(e)) from None
+        return self
+
+    def constraint_fields(self) -> ConstraintFields:
+        return ConstraintFields(self.rule, self.size, self.seed, self.path)
 
 
 class BatchingConfig(_Strict):
@@ -68,6 +104,7 @@ class ServeConfig(_Strict):
     defaults: dict[str, dict[str, Any]] = Field(
         default_factory=lambda: {"beam": {"beam_width": 20, "k": 10}, "static": {"beam_width": 20, "k": 10}}
     )
+    # sets requests name with `constraint`, built at start for every served decoder that takes one
     constraint_sets: dict[str, ConstraintSetSpec] = Field(
         default_factory=lambda: {
             "all": ConstraintSetSpec(rule="all"),
@@ -101,9 +138,6 @@ class ServeConfig(_Strict):
         extra = sorted(set(self.defaults) - set(self.decoders))
         if extra:
             raise ValueError(f"defaults for {extra}, which are not in decoders {self.decoders}")
-        if self.constraint_sets and "static" not in self.decoders:
-            # sets are decoded with the static decoder; without it they cannot be served
-            self.constraint_sets = {}
         return self
 
     def resolved(self, base: Path | None = None) -> ServeConfig:
@@ -126,10 +160,31 @@ class ServeConfig(_Strict):
 
 
 def parse_serve_config(args: dict[str, Any], where: str = "serve config") -> ServeConfig:
+    """Validate the app's arguments, decoder defaults included, before Ray or a replica starts."""
     try:
-        return ServeConfig.model_validate(args)
+        cfg = ServeConfig.model_validate(args)
     except ValidationError as e:
         raise UserInputError(f"{where}: {format_validation_error(e)}") from None
+    try:
+        check_decoder_defaults(cfg)
+    except UserInputError as e:
+        raise UserInputError(f"{where}: {e}") from None
+    return cfg
+
+
+def check_decoder_defaults(cfg: ServeConfig) -> None:
+    """Served decoders exist and their `defaults` pass the adapter that checks every request."""
+    from genrec.platform.params import parse_decoder_params
+    from genrec.workloads.decoding.base import decoder_names
+
+    unknown = [d for d in cfg.decoders if d not in decoder_names()]
+    if not cfg.decoders or unknown:
+        raise UserInputError(f"`decoders`: {unknown or '[]'}: choose one or more of {decoder_names()}")
+    for name in cfg.decoders:
+        try:
+            parse_decoder_params(name, cfg.defaults.get(name, {}))
+        except UserInputError as e:
+            raise UserInputError(f"`defaults.{name}`: {e}") from None
 
 
 def check_model_dir(cfg: ServeConfig) -> None:

@@ -1,18 +1,21 @@
 """Parsing and checking `POST /recommend` bodies, with no Ray or HTTP server involved.
 
-`parse_recommend` turns raw body bytes into a `RecommendJob` (what the batcher decodes) or raises
-`RequestError(status, message)`, whose message names the offending field and how to fix it.
+`parse_recommend` turns raw body bytes into a `RecommendJob` (what the batcher decodes: the history
+and the decoder's frozen Params) or raises `RequestError(status, message)`, whose message names the
+offending field and how to fix it. Decoder parameters go through genrec.platform.params, so a bad
+one gets the same message here as in a YAML experiment or `genrec eval --param`.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from genrec.platform.serve.config import ConstraintFields
 from genrec.workloads.errors import UserInputError
 
 MAX_BODY_BYTES = 1 << 20  # a history of item ids never needs more
@@ -25,26 +28,37 @@ class RequestError(Exception):
 
 
 class RecommendRequest(BaseModel):
+    """The body of POST /recommend. `k`, `beam_width` and `constraint` are short for the same names in
+    `params`; every decoder parameter is typed and checked by genrec.platform.params (the adapter of
+    YAML experiments and `genrec eval --param`), so they are not typed here."""
+
     model_config = ConfigDict(extra="forbid", strict=True)
 
     history: list[int] = Field(description="the user's item ids, oldest first")
-    k: int = Field(10, description="items to return")
-    decoder: str | None = None
-    beam_width: int | None = None
-    constraint_set: str | None = None
+    decoder: str | None = Field(None, description="a served decoder; default: the deployment's first")
+    k: Any = Field(None, description="items to return")
+    beam_width: Any = None
+    constraint: Any = Field(None, description="a configured constraint set or a rule")
+    params: dict[str, Any] = Field(default_factory=dict, description="any parameter of the decoder")
+
+
+SHORTHANDS = ("k", "beam_width", "constraint")  # top-level fields that are decoder parameters
 
 
 @dataclass(frozen=True)
 class RecommendJob:
     history: tuple[int, ...]
-    k: int
     decoder: str
-    params: tuple[tuple[str, Any], ...]  # the decoder's resolved parameters, hashable for grouping
+    params: Any  # the decoder's frozen Params: hashable, so equal requests batch into one decoder call
     truncated_from: int = 0  # original history length when it was truncated, else 0
     notes: tuple[str, ...] = field(default=())
 
     @property
-    def group(self) -> tuple[str, tuple]:
+    def k(self) -> int:
+        return self.params.k
+
+    @property
+    def group(self) -> tuple[str, Any]:
         """Requests with the same group decode together in one batch call."""
         return self.decoder, self.params
 
@@ -59,9 +73,9 @@ class Limits:
     history_policy: str  # truncate | reject
     decoders: tuple[str, ...]
     default_decoder: str
-    constraint_sets: dict[str, dict[str, Any]]  # name -> static decoder params; missing: unavailable
-    unavailable_sets: dict[str, str]  # name -> why it could not be built
-    defaults: dict[str, dict[str, Any]]  # each served decoder's default parameters (resolved at start)
+    defaults: Mapping[str, Any]  # each served decoder's default Params (validated at start)
+    constraint_sets: Mapping[str, ConstraintFields]  # name -> fields; only sets built at start
+    unavailable_sets: Mapping[str, str] = field(default_factory=dict)  # name -> why it was not built
 
 
 RECOMMEND_EXAMPLE = '{"history": [1, 2, 3], "k": 10}'
@@ -98,19 +112,35 @@ def describe_validation_error(
     return "; ".join(parts)
 
 
-def parse_recommend(body: bytes, limits: Limits, resolve) -> RecommendJob:
-    """Body bytes -> RecommendJob. `resolve(decoder, overrides) -> (name, Params)` checks parameters."""
+def parse_recommend(body: bytes, limits: Limits) -> RecommendJob:
+    """Body bytes -> RecommendJob with the decoder's typed Params, or RequestError (4xx)."""
     raw = load_json_body(body, MAX_BODY_BYTES, RECOMMEND_EXAMPLE)
     if not isinstance(raw, dict):
         raise RequestError(400, f"request body must be a JSON object, got {type(raw).__name__}")
+    if "constraint_set" in raw:  # renamed: one name for YAML, CLI and HTTP, for every beam decoder
+        raise RequestError(
+            422,
+            "`constraint_set` was renamed `constraint` (it applies to any beam-based decoder); send "
+            f'{{"constraint": {json.dumps(raw["constraint_set"])}}}',
+        )
     try:
         req = RecommendRequest.model_validate(raw)
     except ValidationError as e:
         raise RequestError(
             422, describe_validation_error(e, lambda loc: sorted(RecommendRequest.model_fields))
         ) from None
+    history, truncated_from, notes = check_history(req.history, limits)
+    decoder = req.decoder or limits.default_decoder
+    if decoder not in limits.decoders:
+        raise RequestError(
+            422, f"`decoder`: {decoder!r} is not served here; choose one of {list(limits.decoders)}"
+        )
+    params = request_params(decoder, request_values(req), limits)
+    return RecommendJob(tuple(history), decoder, params, truncated_from, tuple(notes))
 
-    history, notes, truncated_from = list(req.history), [], 0
+
+def check_history(history: list[int], limits: Limits) -> tuple[list[int], int, list[str]]:
+    """(history to decode, original length if truncated else 0, notes) or RequestError."""
     if not history:
         raise RequestError(422, "`history` is empty; send at least one item id the user interacted with")
     bad = [x for x in history if not 0 <= x < limits.num_items]
@@ -118,69 +148,75 @@ def parse_recommend(body: bytes, limits: Limits, resolve) -> RecommendJob:
         raise RequestError(
             422, f"`history` has unknown item ids {bad[:10]}; valid ids are 0..{limits.num_items - 1}"
         )
-    if len(history) > limits.max_history:
-        if limits.history_policy == "reject":
-            raise RequestError(
-                422,
-                f"`history` has {len(history)} items; the model's window is {limits.max_history}: send at "
-                f"most {limits.max_history} (the most recent), or serve with history_policy: truncate",
-            )
-        truncated_from = len(history)
-        history = history[-limits.max_history :]
-        notes.append(f"history truncated to its last {limits.max_history} items (the model's window)")
-
-    if not 1 <= req.k <= limits.max_k:
-        raise RequestError(422, f"`k` must be between 1 and {limits.max_k}, got {req.k}")
-    if req.beam_width is not None and req.beam_width < 1:
-        raise RequestError(422, f"`beam_width` must be >= 1, got {req.beam_width}")
-
-    overrides: dict[str, Any] = {"k": req.k}
-    decoder = req.decoder
-    if req.constraint_set is not None:
-        name = req.constraint_set
-        if name in limits.unavailable_sets:
-            raise RequestError(
-                422, f"`constraint_set` {name!r} is unavailable here: {limits.unavailable_sets[name]}"
-            )
-        if name not in limits.constraint_sets:
-            raise RequestError(
-                422, f"`constraint_set`: unknown set {name!r}; available: {sorted(limits.constraint_sets)}"
-            )
-        if "static" not in limits.decoders:
-            raise RequestError(
-                422, "`constraint_set` needs the `static` decoder, which this deployment does not serve"
-            )
-        if decoder not in (None, "static"):
-            raise RequestError(
-                422,
-                f"`constraint_set` is decoded by the `static` decoder; drop `decoder` ({decoder!r}) "
-                "or set it to static",
-            )
-        decoder = "static"
-        overrides.update(limits.constraint_sets[name])
-    decoder = decoder or limits.default_decoder
-    if decoder not in limits.decoders:
+    if len(history) <= limits.max_history:
+        return history, 0, []
+    if limits.history_policy == "reject":
         raise RequestError(
-            422, f"`decoder`: {decoder!r} is not served here; choose one of {list(limits.decoders)}"
+            422,
+            f"`history` has {len(history)} items; the model's window is {limits.max_history}: send at "
+            f"most {limits.max_history} (the most recent), or serve with history_policy: truncate",
         )
-    if req.beam_width is not None:
-        overrides["beam_width"] = req.beam_width
+    note = f"history truncated to its last {limits.max_history} items (the model's window)"
+    return history[-limits.max_history :], len(history), [note]
+
+
+def request_values(req: RecommendRequest) -> dict[str, Any]:
+    """`params` with the top-level shorthands merged in; a name given in both places is an error."""
+    values = dict(req.params)
+    for name in SHORTHANDS:
+        value = getattr(req, name)
+        if value is None:
+            continue
+        if name in values:
+            raise RequestError(422, f"`{name}` is given twice (top level and in `params`); give it once")
+        values[name] = value
+    return values
+
+
+def request_params(decoder: str, values: dict[str, Any], limits: Limits) -> Any:
+    """The request's values over the decoder's served defaults -> its frozen Params, checked by the
+    same adapter as YAML and the CLI (same messages), then against what this deployment built."""
+    from genrec.platform.params import parse_decoder_params
+
+    base = limits.defaults[decoder]
+    takes_constraint = hasattr(base, "constraint")
+    if takes_constraint and isinstance(values.get("constraint"), str):
+        values = named_set_values(values, limits)
     try:
-        width = overrides.get("beam_width", limits.defaults[decoder].get("beam_width"))
-        if req.beam_width is not None and "beam_width" not in limits.defaults[decoder]:
-            raise RequestError(422, f"`beam_width`: decoder {decoder!r} has no beam width; leave it out")
-        if width is not None and req.k > width:
-            raise RequestError(
-                422, f"`k` ({req.k}) is larger than the beam width ({width}); ask for beam_width >= {req.k}"
-            )
-        name, params = resolve(decoder, overrides)
+        params = parse_decoder_params(decoder, values, base=base)
     except UserInputError as e:
         raise RequestError(422, str(e)) from None
-    return RecommendJob(
-        history=tuple(history),
-        k=req.k,
-        decoder=name,
-        params=tuple(sorted(vars(params).items())),
-        truncated_from=truncated_from,
-        notes=tuple(notes),
+    if params.k > limits.max_k:
+        raise RequestError(422, f"`k` must be between 1 and {limits.max_k}, got {params.k}")
+    if takes_constraint:
+        check_constraint_built(ConstraintFields.of(params), ConstraintFields.of(base), limits)
+    return params
+
+
+def named_set_values(values: dict[str, Any], limits: Limits) -> dict[str, Any]:
+    """A `constraint` naming a configured set -> the set's constraint fields (a name wins over a rule)."""
+    name = values["constraint"]
+    if name in limits.unavailable_sets:
+        raise RequestError(422, f"`constraint` {name!r} is unavailable here: {limits.unavailable_sets[name]}")
+    if name not in limits.constraint_sets:
+        return values  # a rule: the adapter checks it
+    fixed = limits.constraint_sets[name].values()
+    clash = sorted(k for k in values if k in fixed and k != "constraint")
+    if clash:
+        raise RequestError(
+            422, f"`constraint` {name!r} is a configured set that fixes {clash}; leave them out"
+        )
+    return {**values, **fixed}
+
+
+def check_constraint_built(chosen: ConstraintFields, default: ConstraintFields, limits: Limits) -> None:
+    """Constraint sets are built when a replica starts, never on a request: only "none", the decoder's
+    default and the configured sets are served."""
+    if chosen.constraint == "none" or chosen in (default, *limits.constraint_sets.values()):
+        return
+    raise RequestError(
+        422,
+        f"`constraint` {chosen.describe()} is not built on this deployment; name one of its sets "
+        f"{sorted(limits.constraint_sets)} (GET /constraint-sets) or add it to `constraint_sets` in the "
+        "serve config",
     )

@@ -30,7 +30,7 @@ import torch
 
 from genrec.workloads.decoding import mtp as _mtp  # noqa: F401  (registers nezha and mtp)
 from genrec.workloads.decoding.base import DecoderContext, DecodeResult, get_decoder, make_params
-from genrec.workloads.decoding.nezha import PythonSetVerifier, prefix_sets
+from genrec.workloads.decoding.nezha import PythonSetVerifier
 from genrec.workloads.errors import UserInputError
 from genrec.workloads.evaluation import load_context
 from genrec.workloads.io import atomic_write_text
@@ -83,7 +83,7 @@ def verification_microbench(ctx, k: int, users: int, repeats: int = 20) -> dict:
     codes = np.stack([rng.integers(0, t, size=n) for t in codec.codebook_sizes], axis=1)
     codes[: n // 2] = ctx.item_codes[rng.integers(0, len(ctx.item_codes), size=n // 2)]
     codes_t = torch.as_tensor(codes, device=ctx.device)
-    sets, pyset = prefix_sets(ctx.index), PythonSetVerifier(codec, ctx.item_codes)
+    sets, pyset = ctx.index.prefix_sets(), PythonSetVerifier(codec, ctx.item_codes)
     last = codec.levels - 1
 
     def device_check():

@@ -38,7 +38,7 @@ from genrec.workloads.constraints.baselines import BASELINES
 from genrec.workloads.constraints.live import LiveStaticMask
 from genrec.workloads.constraints.sets import uniform_random
 from genrec.workloads.constraints.transition import build_transition_matrix
-from genrec.workloads.constraints.vntk import StaticMask, apply_constraint
+from genrec.workloads.constraints.vntk import StaticMask
 from genrec.workloads.io import atomic_write_text
 
 ALL_BACKENDS = (
@@ -74,7 +74,7 @@ def synthetic_decode(
     """Constrained beam search over fixed logits; returns (codes [batch, beam, L], scores [batch, beam])."""
     dev = logits[0].device
     state = backend.init_state(batch, dev)
-    lp, aux = apply_constraint(backend, 0, state, torch.log_softmax(logits[0], dim=-1))
+    lp, aux = backend.apply(0, state, torch.log_softmax(logits[0], dim=-1))
     v = lp.shape[-1]
     scores, code = lp.topk(min(beam, v), dim=-1)
     state = backend.advance(
@@ -83,7 +83,7 @@ def synthetic_decode(
     codes = code[..., None]
     rows = torch.arange(batch, device=dev)[:, None] * beam
     for level in range(1, len(logits)):
-        lp, aux = apply_constraint(backend, level, state, torch.log_softmax(logits[level], dim=-1))
+        lp, aux = backend.apply(level, state, torch.log_softmax(logits[level], dim=-1))
         t = lp.shape[-1]
         scores, flat = (scores[:, :, None] + lp.view(batch, beam, t)).view(batch, beam * t).topk(beam, dim=-1)
         parent, code = flat // t, flat % t

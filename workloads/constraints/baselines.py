@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from genrec.workloads.constraints.backend import BoolMaskBackend
 from genrec.workloads.constraints.sets import ConstraintSet
 from genrec.workloads.constraints.transition import build_transition_matrix
 
@@ -47,7 +48,7 @@ def _level_ranks(codes: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray],
     return parents, tokens, counts
 
 
-class CpuTrie:
+class CpuTrie(BoolMaskBackend):
     name = "cpu_trie"
 
     def __init__(self, cset: ConstraintSet, device: torch.device | str = "cpu") -> None:
@@ -84,7 +85,7 @@ class CpuTrie:
         return self.row_ptr.nbytes + self.tok.nbytes + self.nxt.nbytes
 
 
-class PPVExact:
+class PPVExact(BoolMaskBackend):
     name = "ppv_exact"
 
     def __init__(self, cset: ConstraintSet, device: torch.device | str = "cpu") -> None:
@@ -139,7 +140,7 @@ class PPVApprox(PPVExact):
         return torch.where(hit, pos[parent], -1).amax(dim=1)
 
 
-class HashBitmap:
+class HashBitmap(BoolMaskBackend):
     name = "hash_bitmap"
 
     def __init__(

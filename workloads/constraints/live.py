@@ -13,8 +13,8 @@
 `merge_fraction` trigger it when the delta outgrows that fraction of the base).
 
 It has the mask-backend interface of StaticMask (init_state, mask, advance, memory_bytes), so
-`constrained_beam_search` drives it unchanged; decoding after updates equals decoding with an index
-rebuilt from the updated set (tests/test_static.py).
+the beam core drives it unchanged (decoding.beam.backbone_beam_search); decoding after updates
+equals decoding with an index rebuilt from the updated set (tests/test_static.py).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import math
 import numpy as np
 import torch
 
+from genrec.workloads.constraints.backend import BoolMaskBackend
 from genrec.workloads.constraints.sets import ConstraintError, ConstraintSet, normalise_codes
 from genrec.workloads.constraints.transition import build_transition_matrix
 from genrec.workloads.constraints.vntk import StaticMask, select_next_state
@@ -42,7 +43,7 @@ def _node_ids(codes: np.ndarray) -> list[np.ndarray]:
     return out
 
 
-class LiveStaticMask:
+class LiveStaticMask(BoolMaskBackend):
     name = "static_live"
 
     def __init__(

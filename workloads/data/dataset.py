@@ -20,7 +20,6 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -255,8 +254,3 @@ def replace_dir(src: Path, dst: Path) -> None:
 def split_counts(splits: np.ndarray) -> dict[str, int]:
     splits = np.asarray(splits, dtype=object)
     return {s: int((splits == s).sum()) for s in SPLITS}
-
-
-def iter_batches(seq: list, batch_size: int) -> Iterator[list]:
-    for i in range(0, len(seq), batch_size):
-        yield seq[i : i + batch_size]

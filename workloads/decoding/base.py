@@ -14,8 +14,12 @@ from typing import Any, ClassVar, Protocol
 import numpy as np
 import torch
 
+from genrec.workloads.decoding.constraint_store import ConstraintStore
+from genrec.workloads.decoding.params import DecoderParams
+from genrec.workloads.decoding.prefix_keys import PrefixKeySets
 from genrec.workloads.errors import UserInputError
 from genrec.workloads.models.inputs import build_prompts, item_token_table
+from genrec.workloads.models.nezha_head import DraftHead
 from genrec.workloads.models.transformer import GRTransformer
 from genrec.workloads.sid_codec import SIDCodec
 
@@ -36,6 +40,13 @@ class ItemIndex:
         self.codec = codec
         self.keys = torch.from_numpy(keys[order]).to(device)
         self.item_ids = torch.from_numpy(order.astype(np.int64)).to(device)
+        self._prefix_sets: PrefixKeySets | None = None
+
+    def prefix_sets(self) -> PrefixKeySets:
+        """Every valid SID prefix (NEZHA's verification set), built on first use and kept."""
+        if self._prefix_sets is None:
+            self._prefix_sets = PrefixKeySets(self.codec, self.keys)
+        return self._prefix_sets
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -56,13 +67,16 @@ class DecoderContext:
     codec: SIDCodec
     item_codes: np.ndarray  # [num_items, L]
     max_items: int  # history items per prompt
-    popularity: np.ndarray | None = None  # train interactions per item (popularity baseline)
+    popularity: np.ndarray | None = None  # train interactions per item (popularity baseline, cold_start)
+    draft_head: DraftHead | None = None  # NEZHA / MTP head trained on this backbone, if any
     item_tokens: np.ndarray = field(init=False)
     index: ItemIndex = field(init=False)
+    constraints: ConstraintStore = field(init=False)  # constraint sets and their mask indexes
 
     def __post_init__(self) -> None:
         self.item_tokens = item_token_table(self.codec, self.item_codes)
         self.index = ItemIndex(self.codec, self.item_codes, self.device)
+        self.constraints = ConstraintStore(self.codec, self.item_codes, self.popularity)
 
     @property
     def device(self) -> torch.device:
@@ -121,7 +135,7 @@ class _Phase:
 
 class Decoder(Protocol):
     name: ClassVar[str]
-    Params: ClassVar[type]
+    Params: ClassVar[type[DecoderParams]]
 
     def decode(self, ctx: DecoderContext, histories: list[list[int]], params: Any) -> DecodeResult: ...
 
@@ -148,16 +162,17 @@ def get_decoder(name: str) -> Decoder:
     return _REGISTRY[name]()
 
 
-def make_params(decoder: Decoder, values: dict[str, Any]) -> Any:
-    """Build a decoder's Params from a dict, rejecting unknown names with the valid ones listed."""
+def make_params(decoder: Decoder, values: dict[str, Any]) -> DecoderParams:
+    """Build a decoder's Params from a dict, rejecting unknown names with the valid ones listed.
+
+    For code that already holds typed values (benchmarks, tests); YAML, CLI and HTTP input goes
+    through the platform's adapter (genrec.platform.params), which also checks types."""
     valid = {f.name for f in fields(decoder.Params)}
     unknown = sorted(set(values) - valid)
     if unknown:
         raise UserInputError(f"decoder {decoder.name!r} has no parameter {unknown}; valid: {sorted(valid)}")
     params = decoder.Params(**values)
-    check = getattr(params, "validate", None)
-    if check is not None:
-        check()
+    params.validate()
     return params
 
 

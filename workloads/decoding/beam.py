@@ -1,36 +1,48 @@
-"""Plain beam search over semantic IDs, batched over users and beams.
+"""Plain beam search over semantic IDs, batched over users and beams, optionally constrained.
 
-Step l only considers the T_l tokens of SID level l (a slice of the vocabulary, see sid_codec),
-scored by the model's full-vocabulary log-softmax, as Hugging Face beam search with a per-level
-logits processor does. One prefill per user, then L - 1 cached steps of batch x beam rows.
+One prefill per user, then L - 1 cached steps of batch x beam rows (beam_core.run_beam_search with
+the backbone as scorer). With `constraint` set, the constraint set's mask (STATIC's index) is a level
+processor, so the search returns only SIDs of the set, exactly as `static` does.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 
+from genrec.workloads.constraints.backend import MaskBackend
 from genrec.workloads.decoding.base import DecoderContext, DecodeResult, PhaseTimer, register_decoder
-from genrec.workloads.errors import UserInputError
+from genrec.workloads.decoding.beam_core import finish_beams, run_beam_search
+from genrec.workloads.decoding.params import BeamParams
+from genrec.workloads.decoding.processors import ConstraintProcessor
+from genrec.workloads.decoding.scorers import BackboneScorer, level_log_probs  # noqa: F401 (re-export)
 
 
-@dataclass
-class BeamParams:
-    beam_width: int = 10
-    k: int = 10  # items returned per user (<= beam_width)
-
-    def validate(self) -> None:
-        if self.beam_width < 1:
-            raise UserInputError(f"beam_width must be >= 1, got {self.beam_width}")
-        if not 1 <= self.k <= self.beam_width:
-            raise UserInputError(f"k must be between 1 and beam_width ({self.beam_width}), got {self.k}")
-
-
-def level_log_probs(logits: torch.Tensor, start: int, end: int) -> torch.Tensor:
-    """Full-vocabulary log-softmax, restricted to one level's token range."""
-    return torch.log_softmax(logits.float(), dim=-1)[..., start:end]
+@torch.no_grad()
+def backbone_beam_search(
+    ctx: DecoderContext, histories: list[list[int]], params: BeamParams, mask: MaskBackend | None
+) -> DecodeResult:
+    """Beam search with the cached backbone; `mask` (if any) constrains every level."""
+    timer = PhaseTimer(ctx.device)
+    codec, w = ctx.codec, params.beam_width
+    with timer.phase("system"):
+        tokens, attn = ctx.prompts(histories)
+    with timer.phase("prefill"):
+        out = ctx.model.prefill(tokens, attn)
+    scorer = BackboneScorer(ctx.model, codec, out.logits, out.cache, w, params.attention)
+    processors = [ConstraintProcessor(mask)] if mask is not None else []
+    inner = PhaseTimer(ctx.device)
+    with timer.phase("decode"):
+        res = run_beam_search(scorer, processors, tokens.shape[0], w, codec.levels, ctx.device, inner)
+    with timer.phase("system"):
+        top = finish_beams(ctx, res.codes, res.scores, params.k)
+    timings = dict(timer.ms)
+    timings["decode_forward"] = scorer.forward_ms  # model time inside decode; the rest is search overhead
+    if mask is not None:
+        timings["decode_mask"] = inner.ms.get("mask", 0.0)  # constraint masking + state advance
+    counters = {"model_calls": scorer.calls, "beams": w, "missing": top.missing}
+    return DecodeResult(top.codes, top.scores, top.item_ids, top.valid, timings, counters)
 
 
 @register_decoder
@@ -40,45 +52,5 @@ class BeamSearch:
 
     def decode(self, ctx: DecoderContext, histories: list[list[int]], params: BeamParams) -> DecodeResult:
         params.validate()
-        timer = PhaseTimer(ctx.device)
-        codec, model, w = ctx.codec, ctx.model, params.beam_width
-        with timer.phase("system"):
-            tokens, mask = ctx.prompts(histories)
-        b = tokens.shape[0]
-        with timer.phase("prefill"):
-            out = model.prefill(tokens, mask)
-        forward_ms = 0.0
-        with timer.phase("decode"):
-            cache = out.cache.expand(w, codec.levels - 1)
-            lp = level_log_probs(out.logits, *codec.level_range(0))  # [B, T_1]
-            first = min(w, lp.shape[-1])
-            scores, code = lp.topk(first, dim=-1)
-            if first < w:  # fewer first-level codes than beams: fill with impossible beams
-                scores = torch.cat([scores, scores.new_full((b, w - first), float("-inf"))], dim=1)
-                code = torch.cat([code, code.new_zeros(b, w - first)], dim=1)
-            codes = code[..., None]  # [B, W, 1]
-            rows = torch.arange(b, device=tokens.device)[:, None] * w
-            for level in range(1, codec.levels):
-                step_tokens = (codes[:, :, -1] + codec.level_offset(level - 1)).reshape(-1)
-                inner = PhaseTimer(ctx.device)
-                with inner.phase("forward"):
-                    logits = model.step(step_tokens, cache).logits
-                forward_ms += inner.ms["forward"]
-                t = codec.codebook_sizes[level]
-                cand = scores[:, :, None] + level_log_probs(logits, *codec.level_range(level)).view(b, w, t)
-                scores, flat = cand.view(b, w * t).topk(w, dim=-1)
-                parent, code = flat // t, flat % t
-                codes = torch.cat(
-                    [codes.gather(1, parent[..., None].expand(-1, -1, level)), code[..., None]], dim=2
-                )
-                if level < codec.levels - 1:
-                    cache.reorder((rows + parent).reshape(-1))
-        with timer.phase("system"):
-            top_codes, top_scores = codes[:, : params.k], scores[:, : params.k]
-            item_ids, valid = ctx.index.lookup(top_codes)
-            valid &= torch.isfinite(top_scores)
-        timings = dict(timer.ms)
-        timings["decode_forward"] = forward_ms  # model time inside decode; the rest is search overhead
-        return DecodeResult(
-            top_codes, top_scores, item_ids, valid, timings, {"model_calls": codec.levels, "beams": w}
-        )
+        mask = ctx.constraints.mask_backend(params, ctx.device) if params.constrained else None
+        return backbone_beam_search(ctx, histories, params, mask)

@@ -12,16 +12,13 @@ import numpy as np
 import torch
 
 from genrec.workloads.decoding.base import DecoderContext, DecodeResult, PhaseTimer, register_decoder
+from genrec.workloads.decoding.params import DecoderParams
 from genrec.workloads.errors import UserInputError
 
 
-@dataclass
-class PopularParams:
-    k: int = 10
-
-    def validate(self) -> None:
-        if self.k < 1:
-            raise UserInputError(f"k must be >= 1, got {self.k}")
+@dataclass(frozen=True)
+class PopularParams(DecoderParams):
+    """Only k: the most popular items are the same for every user."""
 
 
 @register_decoder

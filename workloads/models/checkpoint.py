@@ -21,10 +21,9 @@ from safetensors.torch import load_file, save_file
 
 from genrec.workloads.errors import UserInputError
 from genrec.workloads.models.nezha_head import (
+    DraftHead,
     HeadConfig,
-    attach_head,
     build_head,
-    get_head,
     head_state_dict,
     split_head_tensors,
 )
@@ -41,6 +40,7 @@ class Checkpoint:
     max_items: int  # history items in a prompt
     meta: dict  # everything else in config.json
     path: Path | None = None
+    head: DraftHead | None = None  # a NEZHA / MTP draft head trained on this backbone
 
 
 def save_checkpoint(out: str | os.PathLike, ckpt: Checkpoint) -> Path:
@@ -52,7 +52,7 @@ def save_checkpoint(out: str | os.PathLike, ckpt: Checkpoint) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         state = {k: v.detach().contiguous().cpu() for k, v in ckpt.model.state_dict().items()}
-        head = get_head(ckpt.model)
+        head = ckpt.head
         if head is not None:  # a draft head (NEZHA, MTP): its tensors under a prefix, same file
             state.update(head_state_dict(head))
         save_file(state, tmp / "model.safetensors")
@@ -108,10 +108,11 @@ def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu")
     state, head_state = split_head_tensors(load_file(weights, device="cpu"))
     model.load_state_dict(state)
     model.to(device).eval()
+    head = None
     if head_cfg is not None:
         head = build_head(HeadConfig.from_dict(head_cfg))
         head.load_state_dict(head_state)
-        attach_head(model, head.to(device).eval())
+        head = head.to(device).eval()
     elif head_state:
         raise UserInputError(f"{cfg_path}: the weights hold draft-head tensors but the config has no head")
-    return Checkpoint(model, codec, max_items, config, path)
+    return Checkpoint(model, codec, max_items, config, path, head)

@@ -25,8 +25,9 @@ Both heads expose the same stepping interface so one batched beam search drives 
     logits = head.beam_logits(l, states, s, w)   # w beams per user at once: [B, w, T_l]
     s = head.transition(l, s, codes)
 
-A head is attached to its backbone with `attach_head` (not registered as a submodule, so the
-backbone's state_dict, and the Hugging Face bridge built on it, stay unchanged); checkpoints save
+A head travels beside its backbone (Checkpoint.head, DecoderContext.draft_head) and is never
+registered as a submodule, so the backbone's state_dict, and the Hugging Face bridge built on it,
+stay unchanged; checkpoints save
 its tensors under the `draft_head.` prefix in the same safetensors file and its config in config.json.
 """
 
@@ -206,11 +207,6 @@ def head_level_losses(head: DraftHead, states: Tensor, codes: Tensor) -> Tensor:
     return torch.stack([F.cross_entropy(lg.float(), codes[:, l]) for l, lg in enumerate(logits)])
 
 
-def head_loss(head: DraftHead, states: Tensor, codes: Tensor) -> Tensor:
-    """Eq. 6: cross-entropy of the true code, summed over levels, averaged over examples."""
-    return head_level_losses(head, states, codes).sum()
-
-
 def sid_log_prob(head: DraftHead, states: Tensor, codes: Tensor) -> Tensor:
     """log p(SID) under the head, [N] for codes [N, L] (the exhaustive-search reference)."""
     logits = head(states, codes)
@@ -236,16 +232,7 @@ def head_states(hidden: Tensor, cfg: HeadConfig) -> Tensor:
     return hidden[:, -(cfg.levels + 1) :] if cfg.needs_placeholders else hidden[:, -1:]
 
 
-# --- attaching a head to its backbone --------------------------------------------------------------------
-def attach_head(model: nn.Module, head: DraftHead | None) -> None:
-    """Store the head on the backbone without registering it as a submodule (see module doc)."""
-    model.__dict__["draft_head"] = head
-
-
-def get_head(model: nn.Module) -> DraftHead | None:
-    return model.__dict__.get("draft_head")
-
-
+# --- checkpoint tensors ----------------------------------------------------------------------------
 def head_state_dict(head: DraftHead) -> dict[str, Tensor]:
     return {HEAD_PREFIX + k: v.detach().contiguous().cpu() for k, v in head.state_dict().items()}
 

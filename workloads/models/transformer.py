@@ -3,15 +3,22 @@
 Layer and weight names follow the Llama layout (q_proj, gate_proj, input_layernorm, ...) so the
 same weights load into a Hugging Face `LlamaForCausalLM` for side-by-side comparisons.
 
-Decoders use four calls:
+Decoders use these calls:
     out = model.prefill(tokens, mask)          # once per user; logits + hidden of the last position
     cache = out.cache.expand(beams, steps)     # view the prompt cache as `beams` rows per user
-    step = model.step(next_tokens, cache)      # append one token per beam row
+    ext = model.extend(tokens, cache, tree)    # append n tokens per beam row, any intra-block pattern
+    step = model.step(next_tokens, cache)      # extend with n = 1
     cache.reorder(parent)                      # beams follow their parents after top-k
+    cache.keep(start, index) / truncate(steps) # commit a verified draft branch, drop the rest
+
+`extend` is one cached forward over a block of n tokens per row (gpt-fast's shape: speculative
+verification is the same forward over the draft). A tree mask [R, n, n] lets each new token see only
+its ancestors in a draft tree; RoPE positions follow each token's depth in the tree.
 
 The prompt's keys/values are stored once per user, not once per beam: a decode step attends to
-the shared prompt cache and to the beam's own (short) cache, merged in one softmax. Reordering
-beams therefore copies only the few decoded steps, never the prompt (the layout xGR describes).
+the shared prompt cache and to the beam's own (short) cache through a named attention backend
+(genrec.kernels.shared_prefix_attention: two stages merged by online softmax). Reordering beams
+therefore copies only the few decoded steps, never the prompt (the layout xGR describes).
 Prompts are left-padded: `mask` marks real tokens and positions count real tokens only, so rows
 of different lengths decode in lock step.
 """
@@ -24,6 +31,8 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from genrec.kernels.shared_prefix_attention import get_attention_backend
 
 
 @dataclass(frozen=True)
@@ -173,6 +182,36 @@ class KVCache:
             k[:, :, :t] = k[:, :, :t].index_select(0, parent)
             v[:, :, :t] = v[:, :, :t].index_select(0, parent)
 
+    @property
+    def capacity(self) -> int:
+        return self.beam_k[0].shape[2] if self.beam_k else 0
+
+    def keep(self, start: int, index: Tensor) -> None:
+        """Keep steps [0, start) and then, per row, the decoded steps `index` [R, m] (in that order).
+
+        How a verifier commits an accepted draft branch: the block's tokens on the branch become steps
+        start..start+m-1 and every other drafted token is dropped. Indices are absolute step numbers
+        (>= start, < steps). Their RoPE positions were their tree depth, so a root-to-node path keeps
+        consistent positions."""
+        rows, m = index.shape
+        if rows != self.rows or not 0 <= start <= self.steps or start + m > self.capacity:
+            raise ValueError(
+                f"keep({start}, [{rows}, {m}]) does not fit a cache of {self.rows} rows x {self.steps}"
+            )
+        if m:
+            gather = index.to(torch.long)[:, None, :, None]
+            for k, v in zip(self.beam_k, self.beam_v):
+                g = gather.expand(-1, k.shape[1], -1, k.shape[3])
+                k[:, :, start : start + m] = k.gather(2, g)
+                v[:, :, start : start + m] = v.gather(2, g)
+        self.steps = start + m
+
+    def truncate(self, steps: int) -> None:
+        """Drop every decoded step from `steps` on (their storage is reused by the next extend)."""
+        if not 0 <= steps <= self.steps:
+            raise ValueError(f"truncate({steps}) on a cache holding {self.steps} steps")
+        self.steps = steps
+
 
 @dataclass
 class PrefillOutput:
@@ -186,6 +225,31 @@ class PrefillOutput:
 class StepOutput:
     logits: Tensor  # [B*W, V]
     hidden: Tensor  # [B*W, D]
+
+
+@dataclass
+class ExtendOutput:
+    logits: Tensor  # [B*W, n, V]
+    hidden: Tensor  # [B*W, n, D]
+
+
+def tree_depths(tree_mask: Tensor | None, rows: int, n: int, device: torch.device) -> Tensor:
+    """[R, n] depth of each new token in its block (ancestors it sees, itself excluded)."""
+    if tree_mask is None:
+        return torch.arange(n, device=device).expand(rows, n)
+    return tree_mask.sum(-1) - 1
+
+
+def check_tree_mask(tree_mask: Tensor, rows: int, n: int) -> None:
+    """A tree mask must be [R, n, n] bool, see itself, and see only earlier tokens (ancestors first)."""
+    if tree_mask.shape != (rows, n, n) or tree_mask.dtype != torch.bool:
+        raise ValueError(
+            f"tree_mask must be bool [{rows}, {n}, {n}], got {tree_mask.dtype} {list(tree_mask.shape)}"
+        )
+    eye = torch.eye(n, dtype=torch.bool, device=tree_mask.device)
+    upper = torch.ones(n, n, dtype=torch.bool, device=tree_mask.device).triu(1)
+    if not bool((tree_mask[:, eye].all()) & ~(tree_mask[:, upper].any())):
+        raise ValueError("tree_mask must be True on the diagonal and False above it (ancestors come first)")
 
 
 class Attention(nn.Module):
@@ -213,28 +277,25 @@ class Attention(nn.Module):
         b, _, s, _ = out.shape
         return self.o_proj(out.transpose(1, 2).reshape(b, s, -1)), k, v
 
-    def forward_step(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache, layer: int) -> Tensor:
-        """x [B*W, 1, D]: attend to the shared prompt and to this beam's decoded steps."""
-        q, k, v = self._qkv(x, cos, sin)  # [N, H, 1, hd]
-        t = cache.steps
-        cache.beam_k[layer][:, :, t] = k[:, :, 0]
-        cache.beam_v[layer][:, :, t] = v[:, :, 0]
-        bsz, w, h, hd = cache.batch, cache.beams, self.n_heads, self.head_dim
-        scale = 1.0 / math.sqrt(hd)
-        # shared stage: all W beams of a user against the user's prompt, one batched matmul
-        qg = q.view(bsz, w, h, hd).transpose(1, 2)  # [B, H, W, hd]
-        s_prefix = (qg @ cache.prefix_k[layer].transpose(-1, -2)) * scale  # [B, H, W, S]
-        s_prefix = s_prefix.masked_fill(~cache.prefix_mask[:, None, None, :], float("-inf"))
-        # unshared stage: each beam against its own decoded steps
-        kb, vb = cache.beam_k[layer][:, :, : t + 1], cache.beam_v[layer][:, :, : t + 1]
-        s_beam = (q @ kb.transpose(-1, -2)) * scale  # [N, H, 1, t+1]
-        s_beam = s_beam.view(bsz, w, h, t + 1).transpose(1, 2)  # [B, H, W, t+1]
-        probs = torch.softmax(torch.cat([s_prefix, s_beam], dim=-1).float(), dim=-1).to(q.dtype)
-        s = s_prefix.shape[-1]
-        out = probs[..., :s] @ cache.prefix_v[layer]  # [B, H, W, hd]
-        p_beam = probs[..., s:].transpose(1, 2).reshape(bsz * w, h, 1, t + 1)
-        out = out.transpose(1, 2).reshape(bsz * w, h, 1, hd) + p_beam @ vb
-        return self.o_proj(out.transpose(1, 2).reshape(bsz * w, 1, -1))
+    def forward_extend(
+        self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache, layer: int, tree_mask, attention
+    ) -> Tensor:
+        """x [B*W, n, D]: write the block's K/V at steps..steps+n, attend through the backend."""
+        q, k, v = self._qkv(x, cos, sin)  # [N, H, n, hd]
+        t, n = cache.steps, x.shape[1]
+        cache.beam_k[layer][:, :, t : t + n] = k
+        cache.beam_v[layer][:, :, t : t + n] = v
+        out = attention(
+            q,
+            cache.prefix_k[layer],
+            cache.prefix_v[layer],
+            cache.prefix_mask,
+            cache.beam_k[layer],
+            cache.beam_v[layer],
+            t,
+            tree_mask,
+        )
+        return self.o_proj(out.transpose(1, 2).reshape(x.shape[0], n, -1))
 
 
 class MLP(nn.Module):
@@ -341,21 +402,51 @@ class GRTransformer(nn.Module):
         return PrefillOutput(self.lm_head(last), last, cache, hidden if return_all_hidden else None)
 
     @torch.no_grad()
-    def step(self, tokens: Tensor, cache: KVCache) -> StepOutput:
-        """Append one token per cache row (tokens [B*W]); returns that position's logits and hidden."""
+    def extend(
+        self, tokens: Tensor, cache: KVCache, tree_mask: Tensor | None = None, attention: str = "torch"
+    ) -> ExtendOutput:
+        """Append n tokens per cache row (tokens [B*W, n]) with any intra-block pattern.
+
+        `tree_mask` [B*W, n, n] (True = query i sees new token j; ancestors before descendants) lets each
+        token see only its ancestors; None is causal. Every token also sees the prompt and the row's
+        earlier steps. RoPE positions are prefix length + earlier steps + depth in the tree. Returns
+        logits and hidden states of all n positions; the block stays in the cache (keep/truncate it)."""
+        rows, n = tokens.shape
+        if rows != cache.rows or n < 1:
+            raise ValueError(
+                f"extend expects [{cache.rows}, n >= 1] tokens (batch x beams), got {list(tokens.shape)}"
+            )
+        if cache.steps + n > cache.capacity:
+            raise ValueError(
+                f"cache has room for {cache.capacity - cache.steps} more steps, not {n}; "
+                "call cache.expand(beams, max_steps) with a larger max_steps"
+            )
+        if tree_mask is not None:
+            check_tree_mask(tree_mask, rows, n)
+        attend = get_attention_backend(attention)
+        depth = tree_depths(tree_mask, rows, n, tokens.device)
+        pos = cache.prefix_len.repeat_interleave(cache.beams)[:, None] + cache.steps + depth  # [N, n]
+        self._check_length(int(cache.prefix_mask.shape[1]) + cache.steps + n)
+        cos, sin = rope_cos_sin(pos, self.config.head_dim, self.config.rope_theta)
+        x = self.embed_tokens(tokens)  # [N, n, D]
+        for i, block in enumerate(self.layers):
+            x = x + block.self_attn.forward_extend(
+                block.input_layernorm(x), cos, sin, cache, i, tree_mask, attend
+            )
+            x = x + block.mlp(block.post_attention_layernorm(x))
+        cache.steps += n
+        hidden = self.norm(x)
+        return ExtendOutput(self.lm_head(hidden), hidden)
+
+    @torch.no_grad()
+    def step(self, tokens: Tensor, cache: KVCache, attention: str = "torch") -> StepOutput:
+        """Append one token per cache row (tokens [B*W]): `extend` with n = 1."""
         if tokens.shape != (cache.rows,):
             raise ValueError(f"step expects {cache.rows} tokens (batch x beams), got {tuple(tokens.shape)}")
-        if not cache.beam_k or cache.steps >= cache.beam_k[0].shape[2]:
+        if not cache.beam_k or cache.steps >= cache.capacity:
             raise ValueError("cache has no room for another step; call cache.expand(beams, max_steps) first")
-        pos = cache.prefix_len.repeat_interleave(cache.beams) + cache.steps  # [N]
-        cos, sin = rope_cos_sin(pos[:, None], self.config.head_dim, self.config.rope_theta)
-        x = self.embed_tokens(tokens)[:, None]  # [N, 1, D]
-        for i, block in enumerate(self.layers):
-            x = x + block.self_attn.forward_step(block.input_layernorm(x), cos, sin, cache, i)
-            x = x + block.mlp(block.post_attention_layernorm(x))
-        cache.steps += 1
-        hidden = self.norm(x[:, 0])
-        return StepOutput(self.lm_head(hidden), hidden)
+        out = self.extend(tokens[:, None], cache, None, attention)
+        return StepOutput(out.logits[:, 0], out.hidden[:, 0])
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

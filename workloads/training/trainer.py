@@ -33,7 +33,7 @@ from genrec.workloads.models.inputs import (
     max_prompt_len,
     training_windows,
 )
-from genrec.workloads.models.nezha_head import HEAD_VARIANTS, attach_head
+from genrec.workloads.models.nezha_head import HEAD_VARIANTS
 from genrec.workloads.models.transformer import MODEL_SIZES, GRTransformer, model_config_for
 
 OBJECTIVES = ("next_item", "nezha", "mtp")
@@ -212,7 +212,6 @@ def train(
             cfg.objective, cfg.head_variant, model, codec, item_tokens, ds.item_codes(), seqs,
             val_windows, cfg.max_items, device, autocast, cfg.head_batching,
         )  # fmt: skip
-        attach_head(model, objective.head)
     trainable = model if objective is None else objective.trainable
     opt = make_optimizer(trainable, cfg)
     rng = np.random.default_rng(cfg.seed)
@@ -282,7 +281,8 @@ def train(
         if val < best[0] - 1e-4:
             best, bad_epochs = (val, epoch), 0
             meta.update(best_val_loss=val, best_epoch=epoch, history=history)
-            save_checkpoint(out_dir, Checkpoint(model, codec, cfg.max_items, meta))
+            head = objective.head if objective is not None else None
+            save_checkpoint(out_dir, Checkpoint(model, codec, cfg.max_items, meta, head=head))
         else:
             bad_epochs += 1
             if bad_epochs >= cfg.patience:

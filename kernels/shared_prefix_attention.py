@@ -1,0 +1,141 @@
+"""Shared-prefix attention for beam decoding: the torch reference and the backend registry.
+
+A decode step (or a block of n drafted tokens) of W beams per user attends to two key sets:
+  - the user's prompt, stored once per user and shared by all its beams (the shared stage), and
+  - the beam's own decoded steps plus the new block, visible through a tree mask (the unshared stage).
+Each stage returns (output, log-sum-exp) over its keys; `merge_attention_states` combines them with the
+online-softmax rule, so the result equals one softmax over the concatenated keys (xGR's staged
+attention, FlashInfer's "merge state"). Kernels implement the same `shared_prefix_attention`
+signature and register under a name; the model and the decoders pick one by that name.
+
+Shapes (rows are grouped by user: row b * W + j is beam j of user b):
+    q            [B*W, H, n, hd]   queries of the n new tokens of every beam
+    prefix_k/v   [B, H, S, hd]     the prompt cache, one copy per user
+    prefix_mask  [B, S] bool       real (non-pad) prompt positions
+    beam_k/v     [B*W, H, T, hd]   per-beam cache; [0, beam_len) = earlier steps (all visible),
+                                    [beam_len, beam_len + n) = the new block (already written)
+    tree_mask    [B*W, n, n] bool  query i may see new token j (None: causal)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+NEG_INF = float("-inf")
+
+
+def _softmax_stage(scores: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    """Softmax-weighted values and log-sum-exp over the last axis of `scores` (statistics in fp32).
+
+    Every query must see at least one key of the stage: the prompt's last position is always real,
+    and a new token always sees itself (both are checked where the cache is built)."""
+    s = scores.float()
+    p = torch.softmax(s, dim=-1)
+    # the largest probability is 1 / sum(exp(s - max)), so lse = max - log(p_max): two cheap
+    # reductions beside one fused softmax instead of a separate log-sum-exp pass over the scores
+    lse = s.amax(dim=-1) - torch.log(p.amax(dim=-1))
+    return p.to(v.dtype) @ v, lse
+
+
+_CPU_FUSED = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
+def attend_with_lse(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor]:
+    """(softmax(q k^T + bias) v, log-sum-exp) for pre-scaled q [..., M, hd]; bias broadcasts to the scores.
+
+    On CPU (fp32) this is aten's fused flash-attention kernel, which returns the log-sum-exp it
+    already has; elsewhere the matmul form (`_softmax_stage`), which is also the tests' reference."""
+    if _CPU_FUSED is not None and q.device.type == "cpu" and q.dtype == torch.float32 and q.dim() == 4:
+        out, lse = _CPU_FUSED(q, k, v, 0.0, False, attn_mask=bias, scale=1.0)
+        return out, lse
+    scores = q @ k.transpose(-1, -2)
+    return _softmax_stage(scores if bias is None else scores + bias, v)
+
+
+def prefix_stage(q: Tensor, prefix_k: Tensor, prefix_v: Tensor, prefix_mask: Tensor) -> tuple[Tensor, Tensor]:
+    """Shared stage: every beam's queries against its user's prompt, one batched product per user.
+
+    q is pre-scaled by 1/sqrt(hd). Returns (output [B*W, H, n, hd], lse [B*W, H, n])."""
+    rows, h, n, hd = q.shape
+    b = prefix_k.shape[0]
+    w = rows // b
+    qg = q.view(b, w, h, n, hd).transpose(1, 2).reshape(b, h, w * n, hd)
+    bias = torch.zeros(b, 1, 1, prefix_mask.shape[1], dtype=q.dtype, device=q.device)
+    bias.masked_fill_(~prefix_mask[:, None, None, :], NEG_INF)
+    out, lse = attend_with_lse(qg, prefix_k, prefix_v, bias)  # [B, H, W*n, hd], [B, H, W*n]
+    out = out.view(b, h, w, n, hd).transpose(1, 2).reshape(rows, h, n, hd)
+    return out, lse.view(b, h, w, n).transpose(1, 2).reshape(rows, h, n)
+
+
+def beam_stage(
+    q: Tensor, beam_k: Tensor, beam_v: Tensor, beam_len: int, tree_mask: Tensor | None
+) -> tuple[Tensor, Tensor]:
+    """Unshared stage: each beam's (pre-scaled) queries against its earlier steps and visible new tokens."""
+    rows, _, n, _ = q.shape
+    end = beam_len + n
+    bias = None
+    if n > 1 or tree_mask is not None:
+        block = tree_mask if tree_mask is not None else causal_tree_mask(rows, n, q.device)
+        bias = torch.zeros(rows, 1, n, end, dtype=q.dtype, device=q.device)
+        bias[..., beam_len:].masked_fill_(~block[:, None], NEG_INF)  # new keys a query must not see
+    return attend_with_lse(q, beam_k[:, :, :end], beam_v[:, :, :end], bias)
+
+
+def merge_attention_states(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) -> Tensor:
+    """Combine two normalised partial attentions over disjoint key sets (the online-softmax rule).
+
+    out = (e^lse_a out_a + e^lse_b out_b) / (e^lse_a + e^lse_b)
+        = out_b + (out_a - out_b) * sigmoid(lse_a - lse_b)
+    """
+    share_a = torch.sigmoid(lse_a - lse_b)[..., None].to(out_a.dtype)
+    return out_b + (out_a - out_b) * share_a
+
+
+def shared_prefix_attention_torch(
+    q: Tensor,
+    prefix_k: Tensor,
+    prefix_v: Tensor,
+    prefix_mask: Tensor,
+    beam_k: Tensor,
+    beam_v: Tensor,
+    beam_len: int,
+    tree_mask: Tensor | None = None,
+) -> Tensor:
+    """The reference: two stages, each (output, lse), merged. Output [B*W, H, n, hd]."""
+    q = q * (1.0 / math.sqrt(q.shape[-1]))  # scale the few queries, not the many scores
+    out_p, lse_p = prefix_stage(q, prefix_k, prefix_v, prefix_mask)
+    out_b, lse_b = beam_stage(q, beam_k, beam_v, beam_len, tree_mask)
+    return merge_attention_states(out_p, lse_p, out_b, lse_b)
+
+
+def causal_tree_mask(rows: int, n: int, device: torch.device | str = "cpu") -> Tensor:
+    """[rows, n, n]: a chain, token i sees tokens 0..i (the default block pattern)."""
+    return torch.ones(n, n, dtype=torch.bool, device=device).tril().expand(rows, n, n)
+
+
+AttentionFn = Callable[..., Tensor]
+
+
+_BACKENDS: dict[str, Callable[[], AttentionFn]] = {
+    # xGR's Triton staged kernel registers here as "triton" (imported lazily: CPU installs lack triton)
+    "torch": lambda: shared_prefix_attention_torch,
+}
+ATTENTION_BACKENDS = tuple(_BACKENDS)
+
+
+def get_attention_backend(name: str) -> AttentionFn:
+    """The `shared_prefix_attention` implementation registered as `name`."""
+    if name not in _BACKENDS:
+        raise ValueError(f"unknown attention backend {name!r}; choose one of {list(ATTENTION_BACKENDS)}")
+    return _BACKENDS[name]()
+
+
+def plain_attention(q: Tensor, k: Tensor, v: Tensor, visible: Tensor) -> Tensor:
+    """Softmax attention over one key set with a bool visibility mask [R, n, S] (the test oracle)."""
+    scores = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    scores = scores.masked_fill(~visible[:, None], NEG_INF)
+    return torch.softmax(scores.float(), dim=-1).to(v.dtype) @ v

@@ -1,0 +1,85 @@
+"""The staged shared-prefix attention (two stages, each (output, lse), merged) against plain softmax
+attention over the concatenated keys of a per-beam-copied cache."""
+
+from unittest import mock
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from genrec.kernels import shared_prefix_attention as spa
+
+
+def random_case(seed, b, w, h, s, t, n, hd=8, tree=True):
+    g = torch.Generator().manual_seed(seed)
+    rows = b * w
+    q = torch.randn(rows, h, n, hd, generator=g)
+    pk, pv = torch.randn(b, h, s, hd, generator=g), torch.randn(b, h, s, hd, generator=g)
+    lens = torch.randint(1, s + 1, (b,), generator=g)
+    pmask = torch.arange(s)[None, :] >= (s - lens)[:, None]  # left-padded, last position real
+    bk, bv = (
+        torch.randn(rows, h, t + n + 2, hd, generator=g),
+        torch.randn(rows, h, t + n + 2, hd, generator=g),
+    )
+    mask = None
+    if tree:
+        mask = torch.rand(rows, n, n, generator=g) < 0.5
+        mask = (mask & torch.ones(n, n, dtype=torch.bool).tril()) | torch.eye(n, dtype=torch.bool)
+    return q, pk, pv, pmask, bk, bv, t, mask
+
+
+def plain_reference(q, pk, pv, pmask, bk, bv, t, mask):
+    """Copy the prompt per beam, concatenate the keys, one softmax."""
+    rows, _, n, _ = q.shape
+    w = rows // pk.shape[0]
+    k = torch.cat([pk.repeat_interleave(w, 0), bk[:, :, : t + n]], dim=2)
+    v = torch.cat([pv.repeat_interleave(w, 0), bv[:, :, : t + n]], dim=2)
+    block = mask if mask is not None else torch.ones(n, n, dtype=torch.bool).tril().expand(rows, n, n)
+    visible = torch.cat(
+        [
+            pmask.repeat_interleave(w, 0)[:, None, :].expand(rows, n, -1),
+            torch.ones(rows, n, t, dtype=torch.bool),
+            block,
+        ],
+        dim=-1,
+    )
+    return spa.plain_attention(q, k, v, visible)
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["aten-fused", "matmul"])
+@settings(max_examples=30, deadline=None)
+@given(
+    b=st.integers(1, 3),
+    w=st.integers(1, 6),
+    h=st.integers(1, 3),
+    s=st.integers(1, 9),
+    t=st.integers(0, 4),
+    n=st.integers(1, 4),
+    tree=st.booleans(),
+    seed=st.integers(0, 10_000),
+)
+def test_staged_attention_equals_plain_attention(fused, b, w, h, s, t, n, tree, seed):
+    case = random_case(seed, b, w, h, s, t, n, tree=tree)
+    # fused=False: the matmul form, which the GPU machine runs (and the reference for the fused op)
+    with mock.patch.object(spa, "_CPU_FUSED", spa._CPU_FUSED if fused else None):
+        got = spa.shared_prefix_attention_torch(*case)
+    torch.testing.assert_close(got, plain_reference(*case), atol=1e-5, rtol=1e-4)
+
+
+def test_merge_is_the_softmax_over_the_union_of_keys():
+    torch.manual_seed(0)
+    scores = torch.randn(2, 3, 5, 11)
+    v = torch.randn(2, 3, 11, 4)
+    whole = torch.softmax(scores, -1) @ v
+    out_a, lse_a = spa._softmax_stage(scores[..., :7], v[..., :7, :])
+    out_b, lse_b = spa._softmax_stage(scores[..., 7:], v[..., 7:, :])
+    torch.testing.assert_close(lse_a, torch.logsumexp(scores[..., :7], -1))
+    torch.testing.assert_close(spa.merge_attention_states(out_a, lse_a, out_b, lse_b), whole)
+
+
+def test_backends_are_chosen_by_name():
+    assert spa.get_attention_backend("torch") is spa.shared_prefix_attention_torch
+    assert "torch" in spa.ATTENTION_BACKENDS
+    with pytest.raises(ValueError, match="unknown attention backend"):
+        spa.get_attention_backend("nope")

@@ -1,0 +1,136 @@
+"""The one batched beam search over SID levels that every beam-based decoder runs.
+
+A search is a `LevelScorer` (where the level's log-probabilities come from: the backbone's cached
+steps, a NEZHA/MTP draft head, ...) plus an ordered list of `LevelProcessor`s that edit those
+log-probabilities before selection (a STATIC constraint mask, NEZHA's every-step verification, a
+per-beam candidate cut and a final validity filter). Per level l:
+
+    lp = scorer.level_log_probs(l)                    [B*w, T_l]  (w = 1 at level 0)
+    lp, s_i = processor_i.apply(l, s_i, lp, scores)   in order
+    top W of scores[b, j] + lp[b*w + j, c] over (j, c) -> parent beam j, code c (pad with -inf)
+    s_i = processor_i.advance(l, s_i, rows, codes);  scorer.advance(l, rows, codes)
+
+Scores are the model's unrenormalised log-probabilities, so a constrained SID scores what it scores
+unconstrained. Beams that cannot be filled (fewer valid completions than W) keep score -inf;
+`finish_beams` reports those slots as missing (code -1, item -1, not valid), never filled with SIDs
+outside the constraint.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
+
+import torch
+from torch import Tensor
+
+from genrec.workloads.decoding.base import DecoderContext, PhaseTimer
+
+NEG_INF = float("-inf")
+
+
+class LevelScorer(Protocol):
+    """Where each level's log-probabilities come from."""
+
+    def level_log_probs(self, level: int) -> Tensor:
+        """[B*w, T_level] log-probabilities of the level's codes for every current beam row."""
+        ...
+
+    def advance(self, level: int, parent: Tensor, token: Tensor) -> None:
+        """The new beams: row i continues old row parent[i] with code token[i] of `level`."""
+        ...
+
+
+class LevelProcessor(Protocol):
+    """Edits a level's log-probabilities (e.g. -inf on disallowed codes) and tracks per-beam state."""
+
+    phase: ClassVar[str]  # the timing phase its work is counted in ("mask", "verify", "decode")
+
+    def init_state(self, batch: int, device: torch.device) -> Any:
+        """State before level 0: one row per user."""
+        ...
+
+    def apply(self, level: int, state: Any, log_probs: Tensor, beam_scores: Tensor) -> tuple[Tensor, Any]:
+        """(edited log_probs [R, T], state for `advance`); beam_scores [R] are the rows' scores so far."""
+        ...
+
+    def advance(self, level: int, state: Any, parent: Tensor, token: Tensor) -> Any:
+        """State of each new beam from its parent row and chosen code."""
+        ...
+
+
+@dataclass
+class BeamSearchOutput:
+    codes: Tensor  # [B, W, L] best first; arbitrary where the score is -inf
+    scores: Tensor  # [B, W]
+    states: list[Any]  # each processor's final state (counters live there)
+
+
+def select_beams(scores: Tensor, log_probs: Tensor, beam_width: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Top `beam_width` of scores[b, j] + log_probs[b, j, c]: (new scores [B, W], parent [B, W], code [B, W]).
+
+    When fewer than W candidates exist, the rest are padded with score -inf (parent 0, code 0)."""
+    b, w, t = log_probs.shape
+    cand = (scores[:, :, None] + log_probs).view(b, w * t)
+    n = min(beam_width, w * t)
+    top, flat = cand.topk(n, dim=-1)
+    if n < beam_width:
+        top = torch.cat([top, top.new_full((b, beam_width - n), NEG_INF)], dim=1)
+        flat = torch.cat([flat, flat.new_zeros(b, beam_width - n)], dim=1)
+    return top, flat // t, flat % t
+
+
+def run_beam_search(
+    scorer: LevelScorer,
+    processors: list[LevelProcessor],
+    batch: int,
+    beam_width: int,
+    levels: int,
+    device: torch.device,
+    timer: PhaseTimer | None = None,
+) -> BeamSearchOutput:
+    """Beam search over `levels` SID levels, batched over users and beams (see the module doc)."""
+    timer = timer or PhaseTimer(device)
+    states = []
+    for proc in processors:
+        with timer.phase(proc.phase):
+            states.append(proc.init_state(batch, device))
+    scores = torch.zeros(batch, 1, device=device)
+    codes = torch.zeros(batch, 1, 0, dtype=torch.long, device=device)
+    users = torch.arange(batch, device=device)[:, None]
+    for level in range(levels):
+        lp = scorer.level_log_probs(level)
+        flat_scores = scores.reshape(-1)
+        for i, proc in enumerate(processors):
+            with timer.phase(proc.phase):
+                lp, states[i] = proc.apply(level, states[i], lp, flat_scores)
+        w = scores.shape[1]
+        scores, parent, code = select_beams(scores, lp.view(batch, w, -1), beam_width)
+        codes = torch.cat([codes.gather(1, parent[..., None].expand(-1, -1, level)), code[..., None]], dim=2)
+        if level < levels - 1:
+            rows, token = (users * w + parent).reshape(-1), code.reshape(-1)
+            for i, proc in enumerate(processors):
+                with timer.phase(proc.phase):
+                    states[i] = proc.advance(level, states[i], rows, token)
+            scorer.advance(level, rows, token)
+    return BeamSearchOutput(codes, scores, states)
+
+
+@dataclass
+class FinishedBeams:
+    codes: Tensor  # [B, K, L], -1 where missing
+    scores: Tensor  # [B, K], -inf where missing
+    item_ids: Tensor  # [B, K], -1 where missing or no item
+    valid: Tensor  # [B, K] bool: found and a catalogue item
+    missing: int  # slots with no SID (fewer valid completions than k)
+
+
+def finish_beams(ctx: DecoderContext, codes: Tensor, scores: Tensor, k: int) -> FinishedBeams:
+    """The top k of a finished search as returned to users: missing slots flagged, items looked up."""
+    top_codes, top_scores = codes[:, :k], scores[:, :k]
+    found = torch.isfinite(top_scores)
+    item_ids, in_catalogue = ctx.index.lookup(top_codes.clamp(min=0))
+    top_codes = torch.where(found[..., None], top_codes, -1)
+    valid = found & in_catalogue
+    item_ids = torch.where(valid, item_ids, -1)
+    return FinishedBeams(top_codes, top_scores, item_ids, valid, int((~found).sum()))
