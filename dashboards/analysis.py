@@ -19,7 +19,17 @@ PARAM_PREFIX = "param_"
 SEED_PARAMS = frozenset({"param_seed"})
 # Columns that are not decoder parameters but still separate configurations when they vary in the
 # rows of one report (two datasets, two devices, ...): rows are only averaged inside one setting.
-CONTEXT_COLUMNS = ("experiment", "dataset", "model", "split", "device", "threads", "batch_size", "users")
+CONTEXT_COLUMNS = (
+    "experiment",
+    "dataset",
+    "model",
+    "draft",
+    "split",
+    "device",
+    "threads",
+    "batch_size",
+    "users",
+)
 QUALITY_RE = re.compile(r"^(?P<family>[A-Za-z_]+)@(?P<k>\d+)$")
 QUALITY_FAMILY_ORDER = ("hr", "ndcg", "recall")
 _METRIC_PREFIXES = ("latency_", "time_", "count_")

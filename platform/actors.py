@@ -1,9 +1,10 @@
 """DecoderHost / DecoderActor: a checkpoint and its decoders loaded once, serving `decode(batch)`.
 
-`DecoderHost` is a plain class (testable without Ray): it loads the model and dataset once, pins
-torch threads, resolves each registered decoder's parameters once, warms every decoder up, and then
-decodes batches of histories, returning per-request items plus the batch's timings and counters
-(the same phase names and counters as a result row).
+`DecoderHost` is a plain class (testable without Ray): it loads the model, the dataset and (for
+AtSpeed's decoders) a draft model once, pins torch threads, resolves each registered decoder's
+parameters once, warms every decoder up, and then decodes batches of histories, returning
+per-request items plus the batch's timings and counters (the same phase names and counters as a
+result row).
 
 Users of it:
 * a DecoderActor (a `ray.remote(DecoderHost)` actor), started with `start_decoder_actor`, which asks
@@ -25,6 +26,7 @@ import torch
 
 from genrec.platform.params import parse_decoder_params
 from genrec.workloads.decoding.base import DecoderContext, decoder_names, get_decoder
+from genrec.workloads.decoding.draft import draft_needed_message, needs_draft
 from genrec.workloads.errors import UserInputError
 
 
@@ -32,6 +34,7 @@ from genrec.workloads.errors import UserInputError
 class HostConfig:
     model: str  # checkpoint folder
     data: str | None = None  # dataset folder; None: the one recorded in the checkpoint
+    draft: str | None = None  # AtSpeed's draft checkpoint (same codec), loaded beside the model; None: none
     device: str = "auto"  # auto: cuda when visible, else cpu
     threads: int = 0  # torch intra-op threads; 0: leave torch's default
     decoders: tuple[str, ...] = ("beam",)
@@ -44,6 +47,9 @@ class HostConfig:
         unknown = [d for d in self.decoders if d not in known]
         if not self.decoders or unknown:
             raise UserInputError(f"decoders {unknown or '[]'}: choose one or more of {known}")
+        drafted = [d for d in self.decoders if needs_draft(d)]
+        if drafted and not self.draft:
+            raise UserInputError(draft_needed_message(drafted[0], "set HostConfig.draft to a checkpoint"))
         extra = sorted(set(self.defaults) - set(self.decoders))
         if extra:
             raise UserInputError(
@@ -83,7 +89,7 @@ class DecoderHost:
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         t0 = time.perf_counter()
-        self.ctx, self.ds, self.ckpt = load_context(cfg.model, cfg.data, cfg.device)
+        self.ctx, self.ds, self.ckpt = load_context(cfg.model, cfg.data, cfg.device, draft_dir=cfg.draft)
         self.decoders = {name: get_decoder(name) for name in cfg.decoders}
         # resolve defaults once: bad defaults fail at start, not on the first request
         self.defaults = {name: self._default_params(name) for name in cfg.decoders}
@@ -106,6 +112,7 @@ class DecoderHost:
     def describe(self) -> dict[str, Any]:
         return {
             "model": str(self.cfg.model),
+            "draft": str(self.cfg.draft) if self.ctx.draft_model is not None else None,
             "dataset": str(self.ds.root.resolve()),
             "device": str(self.ctx.device),
             "threads": torch.get_num_threads(),
@@ -213,13 +220,15 @@ def start_decoder_actor(cfg: HostConfig, gpu: float | str = "auto"):
 _HOSTS: dict[tuple, DecoderHost] = {}
 
 
-def cached_host(model: str, data: str | None, device: str, threads: int = 0) -> DecoderHost:
-    """One host per process (sweep trials on a reused Tune worker): a different model replaces it."""
-    key = (model, data, device)
+def cached_host(
+    model: str, data: str | None, device: str, threads: int = 0, draft: str | None = None
+) -> DecoderHost:
+    """One host per process (sweep trials on a reused Tune worker): a different model or draft replaces it."""
+    key = (model, data, device, draft)
     if key not in _HOSTS:
         _HOSTS.clear()
         _HOSTS[key] = DecoderHost(
-            HostConfig(model=model, data=data, device=device, threads=threads, warmup_batches=0)
+            HostConfig(model=model, data=data, device=device, threads=threads, warmup_batches=0, draft=draft)
         )
     elif threads:
         torch.set_num_threads(threads)

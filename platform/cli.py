@@ -6,6 +6,7 @@ import sys
 
 import typer
 
+from genrec.platform.commands import atspeed as atspeed_commands
 from genrec.platform.commands import data as data_commands
 from genrec.platform.commands import loadtest as loadtest_commands
 from genrec.platform.commands import model as model_commands
@@ -24,6 +25,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(data_commands.app, name="data")
+app.add_typer(atspeed_commands.app, name="atspeed")
 tokenize_commands.register(app)
 model_commands.register(app)
 report_commands.register(app)

@@ -1,11 +1,12 @@
 """Experiment definitions: `experiments/*.yaml` loaded into typed, validated config.
 
-An experiment names a dataset, a model (a checkpoint, or a training step that creates one), a
-registered decoder with fixed parameters and a search space over the others, seeds, the metric to
-optimise, resources per trial and where results go. Everything that can be checked without running
+An experiment names a dataset, a model (a checkpoint, or a training step that creates one), optionally
+a draft model (`draft: DIR`, a checkpoint on the same codec, for AtSpeed's decoders), a registered
+decoder with fixed parameters and a search space over the others, seeds, the metric to optimise,
+resources per trial and where results go. Everything that can be checked without running
 a trial is checked here, before Ray starts: unknown keys, unknown decoders and parameter names
 (with the valid choices listed), every value of the search space building valid decoder Params,
-missing dataset or checkpoint folders, a metric the evaluation does not produce. Errors are
+missing dataset, checkpoint or draft folders, a metric the evaluation does not produce. Errors are
 `UserInputError`s that name the key path (`search_space.beam_width.grid[2]`), so the CLI exits
 with code 2 and nothing is written.
 
@@ -181,6 +182,9 @@ class ExperimentConfig(_Strict):
     benchmark: str | None = None
     dataset: DatasetSpec | None = None
     model: ModelSpec | None = None
+    # AtSpeed's draft model: a checkpoint on the model's codec, loaded beside it once per trial (one
+    # draft per experiment; compare drafts with one experiment file each)
+    draft: Path | None = None
     decoder: str | None = None
     params: dict[str, Any] = Field(default_factory=dict)
     search_space: dict[str, SpaceSpec] = Field(default_factory=dict)
@@ -206,7 +210,7 @@ class ExperimentConfig(_Strict):
                     + " (or give `benchmark: NAME` for a model-free benchmark experiment)"
                 )
             return self
-        given = [k for k in ("dataset", "model", "decoder") if getattr(self, k) is not None]
+        given = [k for k in ("dataset", "model", "draft", "decoder") if getattr(self, k) is not None]
         if given:
             raise ValueError(
                 f"`benchmark: {self.benchmark}` runs without a dataset, model or decoder; remove {given}"
@@ -282,6 +286,7 @@ class ExperimentConfig(_Strict):
         """What a resumed sweep must not change: the search space, seeds, decoder and eval setup."""
         keys = ("name", "decoder", "params", "search_space", "seeds", "eval", "metric", "mode", "num_samples")
         keys += ("benchmark",) if self.benchmark else ()  # decoder-sweep fingerprints stay as they were
+        keys += ("draft",) if self.draft else ()  # a changed draft changes every trial; draft-free: as before
         return json.dumps(self.model_dump(mode="json", include=set(keys)), sort_keys=True)
 
     def trial_spec(self, cpu: float, device: str) -> TrialSpec:
@@ -292,6 +297,7 @@ class ExperimentConfig(_Strict):
             decoder=self.decoder,
             benchmark=self.benchmark,
             model=str(self.model.path) if self.benchmark is None else "",
+            draft=str(self.draft) if self.draft is not None else "",
             data=str(self.dataset.path) if self.dataset is not None else "",
             params=dict(self.params),
             split=self.eval.split,
@@ -320,6 +326,7 @@ class TrialSpec:
     decoder: str  # a registered decoder, or "benchmark:NAME" for a benchmark experiment
     benchmark: str | None = None  # set: a model-free benchmark (genrec.platform.benchmark_trial)
     model: str = ""  # checkpoint folder (decoder experiments)
+    draft: str = ""  # AtSpeed's draft checkpoint folder; empty: none loaded
     data: str = ""  # dataset folder (decoder experiments)
     params: dict[str, Any] = field(default_factory=dict)  # fixed: the decoder's or the benchmark's
     split: str = "test"
@@ -412,6 +419,8 @@ def resolve_paths(cfg: ExperimentConfig, base: Path) -> None:
         cfg.model.checkpoint = absolute(cfg.model.checkpoint)
     if cfg.model.train is not None:
         cfg.model.train.out = absolute(cfg.model.train.out)
+    if cfg.draft is not None:
+        cfg.draft = absolute(cfg.draft)
     if cfg.benchmark is not None:  # a benchmark's path arguments (trials run in another directory)
         from genrec.workloads.benchmarks.registry import BENCHMARKS
 
@@ -423,26 +432,30 @@ def resolve_paths(cfg: ExperimentConfig, base: Path) -> None:
         cfg.tracking.storage_path = absolute(cfg.tracking.storage_path)
 
 
-def format_validation_error(e: ValidationError) -> str:
-    """One line per problem: the key path, what is wrong, and the valid keys for unknown ones."""
+def format_validation_error(
+    e: ValidationError, root: type[BaseModel] | None = None, what: str = "experiment"
+) -> str:
+    """One line per problem: the key path, what is wrong, and the valid keys for unknown ones (looked up
+    from `root`, the model that was validated: ExperimentConfig unless another, e.g. ServeConfig)."""
     lines = []
     for err in e.errors():
         loc = [str(part) for part in err["loc"]]
         key = ".".join(loc) or "(top level)"
         if err["type"] == "extra_forbidden":
-            valid = valid_keys_at(loc[:-1])
+            valid = valid_keys_at(loc[:-1], root or ExperimentConfig)
             lines.append(f"unknown key `{key}`" + (f"; valid keys here: {valid}" if valid else ""))
         elif err["type"] == "missing":
             lines.append(f"missing required key `{key}`")
         else:
             msg = err["msg"].removeprefix("Value error, ")
             lines.append(f"`{key}`: {msg} (got {err.get('input')!r})")
-    return "invalid experiment: " + "; ".join(lines)
+    return f"invalid {what}: " + "; ".join(lines)
 
 
-def valid_keys_at(loc: list[str]) -> list[str]:
-    """Field names of the model found by walking `loc` from ExperimentConfig (dict keys skipped)."""
-    model: type[BaseModel] | None = ExperimentConfig
+def valid_keys_at(loc: list[str], root: type[BaseModel] | None = None) -> list[str]:
+    """Field names of the model found by walking `loc` from `root` (default ExperimentConfig; dict
+    keys skipped)."""
+    model: type[BaseModel] | None = root or ExperimentConfig
     i = 0
     while model is not None and i < len(loc):
         field = model.model_fields.get(loc[i])
@@ -485,6 +498,7 @@ def validate_experiment(cfg: ExperimentConfig, check_files: bool = True) -> None
         if check_files:
             check_benchmark_inputs(cfg)
         return
+    check_draft_given(cfg)  # judged by name, so it needs no registry
     if cfg.decoder not in decoder_names():
         raise UserInputError(f"`decoder`: unknown decoder {cfg.decoder!r}; choose one of {decoder_names()}")
     _check_numbers(cfg)
@@ -724,8 +738,30 @@ def check_benchmark_inputs(cfg: ExperimentConfig) -> None:
             )
 
 
+def check_draft_given(cfg: ExperimentConfig) -> None:
+    """A decoder that decodes with a draft model (AtSpeed's) needs `draft:` in the file."""
+    from genrec.workloads.decoding.draft import draft_needed_message, needs_draft
+
+    if needs_draft(cfg.decoder) and cfg.draft is None:
+        raise UserInputError(
+            "`draft`: " + draft_needed_message(cfg.decoder, "add `draft: DIR` beside `model:`")
+        )
+
+
+def check_draft_input(cfg: ExperimentConfig, data: Path, sizes: list[int]) -> None:
+    """The draft folder holds a checkpoint on the dataset's codec (config.json only: the trials load it)."""
+    from genrec.workloads.decoding.draft import check_same_codec, checkpoint_codebook_sizes
+
+    try:
+        draft_sizes = checkpoint_codebook_sizes(cfg.draft)
+        check_same_codec(cfg.draft, draft_sizes, data, tuple(sizes), target_role="dataset")
+    except UserInputError as e:
+        raise UserInputError(f"`draft`: {e}") from None
+
+
 def check_inputs(cfg: ExperimentConfig) -> None:
-    """The dataset exists; the checkpoint exists (or will be trained) and fits the dataset."""
+    """The dataset exists; the checkpoint exists (or will be trained) and fits the dataset; so does the
+    draft, if any."""
     data = cfg.dataset.path
     if not (data / "manifest.json").is_file():
         raise UserInputError(
@@ -738,6 +774,8 @@ def check_inputs(cfg: ExperimentConfig) -> None:
         raise UserInputError(
             f"`dataset.path`: {data}/manifest.json is unreadable ({e}); rebuild it"
         ) from None
+    if cfg.draft is not None:
+        check_draft_input(cfg, data, sizes)
     if cfg.model.checkpoint is None:
         return  # trained by the sweep from this dataset
     ckpt = cfg.model.checkpoint

@@ -1,9 +1,9 @@
 """Ray Tune sweeps over decoder parameters: `genrec sweep EXPERIMENT.yaml`.
 
-One trial = one (decoder params, seed) point. It loads the checkpoint and dataset once (cached per
-worker process, so a reused actor does not load them again), evaluates the decoder with
-`genrec.workloads.evaluation.evaluate`, and reports the flat result row of DESIGN.md: numbers as
-Tune metrics plus the whole row as JSON under `genrec_row`.
+One trial = one (decoder params, seed) point. It loads the checkpoint, the dataset and an optional
+draft model (AtSpeed's `draft:`) once (cached per worker process, so a reused actor does not load them
+again), evaluates the decoder with `genrec.workloads.evaluation.evaluate`, and reports the flat result
+row of DESIGN.md: numbers as Tune metrics plus the whole row as JSON under `genrec_row`.
 
 Exactly once, also across a killed driver and `--resume`:
 
@@ -165,7 +165,8 @@ def run_trial(config: dict) -> None:
     params = spec.decoder_params(config.get("params", {}))  # typed like `genrec eval --param`
     threads = spec.torch_threads
     torch.set_num_threads(threads)
-    host = cached_host(spec.model, spec.data, spec.device, threads)  # loaded once per worker
+    # loaded once per worker, the draft (AtSpeed) beside the model
+    host = cached_host(spec.model, spec.data, spec.device, threads, draft=spec.draft or None)
     load_s = time.perf_counter() - t0
     cfg = EvalConfig(
         decoder=spec.decoder,
@@ -180,7 +181,10 @@ def run_trial(config: dict) -> None:
         seed=int(config.get("seed", 0)),
         experiment=spec.experiment,
     )
-    row = evaluate(host.context, host.ds, cfg, model_label(spec.model), progress=False).row
+    draft_name = model_label(spec.draft) if spec.draft else ""
+    row = evaluate(
+        host.context, host.ds, cfg, model_label(spec.model), progress=False, draft_name=draft_name
+    ).row
     row.run_id = run_id
     flat = row.to_flat()
     flat["trial_load_s"] = load_s

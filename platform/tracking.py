@@ -106,7 +106,17 @@ def delete_rows(results_dir: str | os.PathLike, experiment: str) -> int:
 KIND_TAG = "genrec.kind"  # "trial" (one per result row) or "sweep" (one per experiment)
 RUN_ID_TAG = "genrec.run_id"
 CREATED_TAG = "genrec.created_at"  # with trial_started_at: tells a re-evaluated row from the same one
-PARAM_COLUMNS = ("decoder", "decoder_params", "dataset", "model", "split", "seed", "batch_size", "users")
+PARAM_COLUMNS = (
+    "decoder",
+    "decoder_params",
+    "dataset",
+    "model",
+    "draft",
+    "split",
+    "seed",
+    "batch_size",
+    "users",
+)
 TAG_COLUMNS = (
     "experiment",
     "device",

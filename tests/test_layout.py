@@ -62,8 +62,9 @@ LAYERS = ("kernels", "workloads", "dashboards", "platform")
 # plain checkout, so anything else (ray, mlflow, plotly, pydantic, typer, fastapi, starlette, yaml, ...)
 # is refused there.
 GPU_MACHINE_HAS = frozenset({"torch", "triton", "numpy", "pandas", "pyarrow", "safetensors", "tqdm", "rich"})
-# Optional peers: allowed only inside functions (or for typing), where the comparison that needs them runs.
-OPTIONAL_PEERS = frozenset({"transformers"})
+# Optional peers: allowed only inside functions (or for typing), where the comparison that needs them runs
+# (genrec_old: an older commit of this repo exported by benchmarks/beam_regression.py).
+OPTIONAL_PEERS = frozenset({"transformers", "genrec_old"})
 GPU_ONLY_AREAS = ("workloads", "kernels")
 # The Triton kernel modules; every other kernels module (the torch references) must import without triton.
 TRITON_KERNELS = frozenset({"kernels/constrained_mask.py"})

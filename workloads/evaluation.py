@@ -20,6 +20,7 @@ from tqdm.auto import tqdm
 
 from genrec.workloads.data.dataset import Dataset, load_dataset
 from genrec.workloads.decoding.base import DecoderContext, get_decoder, make_params
+from genrec.workloads.decoding.draft import checkpoint_codebook_sizes, load_draft
 from genrec.workloads.errors import UserInputError
 from genrec.workloads.metrics import latency_summary, ranking_metrics
 from genrec.workloads.models.checkpoint import Checkpoint, load_checkpoint
@@ -61,9 +62,15 @@ class EvalOutput:
 
 
 def load_context(
-    model_dir: str | os.PathLike, data_dir: str | os.PathLike | None, device: str = "auto"
+    model_dir: str | os.PathLike,
+    data_dir: str | os.PathLike | None,
+    device: str = "auto",
+    draft_dir: str | os.PathLike | None = None,
 ) -> tuple[DecoderContext, Dataset, Checkpoint]:
-    """Load a checkpoint and the dataset it was trained on (or `data_dir`), checking they fit."""
+    """Load a checkpoint and the dataset it was trained on (or `data_dir`), checking they fit; with
+    `draft_dir`, also AtSpeed's draft model (same codec, same device) as `ctx.draft_model`."""
+    if draft_dir is not None:  # a missing draft folder fails before the target's weights are read
+        checkpoint_codebook_sizes(draft_dir)
     ckpt = load_checkpoint(model_dir, resolve_device(device))
     data_dir = data_dir or ckpt.meta.get("dataset")
     if not data_dir:
@@ -74,8 +81,15 @@ def load_context(
             f"dataset {data_dir} has codebook sizes {ds.codec.codebook_sizes}, but the model was trained "
             f"for {ckpt.codec.codebook_sizes}; evaluate on the dataset the model was trained on"
         )
+    draft = load_draft(draft_dir, ckpt, model_dir) if draft_dir is not None else None
     ctx = DecoderContext(
-        ckpt.model, ckpt.codec, ds.item_codes(), ckpt.max_items, ds.item_popularity("train"), ckpt.head
+        ckpt.model,
+        ckpt.codec,
+        ds.item_codes(),
+        ckpt.max_items,
+        ds.item_popularity("train"),
+        ckpt.head,
+        draft_model=draft,
     )
     return ctx, ds, ckpt
 
@@ -109,8 +123,15 @@ def resolve_params(decoder_name: str, params: Any, ks: tuple[int, ...]) -> Any:
 
 
 def evaluate(
-    ctx: DecoderContext, ds: Dataset, cfg: EvalConfig, model_name: str = "", progress: bool = True
+    ctx: DecoderContext,
+    ds: Dataset,
+    cfg: EvalConfig,
+    model_name: str = "",
+    progress: bool = True,
+    draft_name: str = "",
 ) -> EvalOutput:
+    """Decode `cfg.split` with `cfg.decoder` and build its result row; `draft_name` labels the draft
+    model loaded into `ctx` (`model_label(draft_dir)`), recorded in the row's `draft` column."""
     cfg.validate()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -162,6 +183,7 @@ def evaluate(
         decoder_params=asdict(params),
         dataset=ds.manifest.name,
         model=model_name,
+        draft=draft_name,
         split=cfg.split,
         env=current_environment(ctx.device),
         quality=quality,

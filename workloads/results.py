@@ -102,6 +102,7 @@ class ResultRow:
     model: str
     split: str
     env: Environment
+    draft: str = ""  # AtSpeed's draft model (label, like `model`); empty when the run loaded none
     quality: dict[str, float] = field(default_factory=dict)  # hr@K, ndcg@K, recall@K, invalid_rate
     latency_ms: dict[str, float] = field(default_factory=dict)  # per batch: mean, std, p50, p90, p99
     timings_ms: dict[str, float] = field(default_factory=dict)  # mean per batch for each phase

@@ -33,8 +33,9 @@ def train_command(
     objective: Annotated[
         str,
         typer.Option(
-            help="next_item (beam search), nezha (NEZHA draft head) or mtp (multi-token heads); "
-            "decode nezha/mtp models with --decoder nezha / mtp."
+            help="next_item (beam search; SFT), nezha (NEZHA draft head), mtp (multi-token heads); "
+            "decode nezha/mtp models with --decoder nezha / mtp. AtSpeed drafts (need --target): wordkd, "
+            "tvdkd (token-level KD), seqkd, atspeed_s, atspeed_r (also need --teacher)."
         ),
     ] = "next_item",
     head_variant: Annotated[
@@ -50,6 +51,25 @@ def train_command(
             "next_item; default) or per_example (one prompt per target)."
         ),
     ] = "packed",
+    target: Annotated[
+        Path | None, typer.Option(help="AtSpeed drafts: the target checkpoint the draft aligns to.")
+    ] = None,
+    teacher: Annotated[
+        Path | None,
+        typer.Option(help="seqkd / atspeed_s / atspeed_r: teacher file from `genrec atspeed teacher`."),
+    ] = None,
+    alpha: Annotated[
+        float, typer.Option(help="AtSpeed drafts: L = alpha * L_align + (1 - alpha) * L_rec (eq. 5, 9).")
+    ] = 0.5,
+    no_dr: Annotated[
+        bool, typer.Option("--no-dr", help="atspeed_s ablation w/o DR (no density regularisation).")
+    ] = False,
+    no_ca: Annotated[
+        bool, typer.Option("--no-ca", help="atspeed_s/_r ablation w/o CA (whole vocabulary, eq. 3).")
+    ] = False,
+    top1: Annotated[
+        bool, typer.Option("--top1", help="Ablation w/o top-K: align on the teacher's top-1 SID only.")
+    ] = False,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
 ) -> None:
     """Train the GR transformer on a dataset's train split (validation loss picks the best epoch)."""
@@ -70,6 +90,12 @@ def train_command(
         objective=objective,
         head_variant=head_variant,
         head_batching=head_batching,
+        target=str(target) if target else "",
+        teacher=str(teacher) if teacher else "",
+        alpha=alpha,
+        no_dr=no_dr,
+        no_ca=no_ca,
+        top1=top1,
     )
     result = train(data, out, cfg, progress=not quiet)
     typer.echo(
@@ -97,6 +123,13 @@ def eval_command(
     data: Annotated[
         Path | None, typer.Option(help="Dataset folder (default: the one the model was trained on).")
     ] = None,
+    draft: Annotated[
+        Path | None,
+        typer.Option(
+            help="Draft model for AtSpeed decoders (atspeed_*): a smaller checkpoint on the same codec, "
+            "e.g. any next_item checkpoint of `genrec train --model tiny` on the same dataset."
+        ),
+    ] = None,
     split: Annotated[str, typer.Option(help="valid or test.")] = "test",
     batch_size: Annotated[int, typer.Option(help="Users per decode call.")] = 64,
     max_users: Annotated[int, typer.Option(help="Evaluate only the first N users (0 = all).")] = 0,
@@ -110,8 +143,11 @@ def eval_command(
 ) -> None:
     """Decode a split with a registered decoder and print HR/NDCG/Recall@K, invalid rate and latency."""
     from genrec.platform.params import cli_values, eval_params
+    from genrec.workloads.decoding.draft import draft_needed_message, needs_draft
     from genrec.workloads.evaluation import EvalConfig, evaluate, format_table, load_context, model_label
 
+    if needs_draft(decoder) and draft is None:  # before anything loads
+        raise UserInputError(draft_needed_message(decoder))
     ks = tuple(sorted(set(k or [5, 10])))
     values = cli_values(param or [])
     if beam_width is not None:
@@ -122,7 +158,8 @@ def eval_command(
     runs = [(decoder, eval_params(decoder, values, ks))]
     if baseline and decoder != "popular":
         runs.append(("popular", eval_params("popular", {}, ks)))
-    ctx, ds, _ = load_context(model, data, device)
+    ctx, ds, _ = load_context(model, data, device, draft_dir=draft)
+    draft_name = model_label(draft) if draft is not None else ""
     rows = []
     for name, p in runs:
         cfg = EvalConfig(
@@ -135,10 +172,12 @@ def eval_command(
             device=device,
             threads=threads,
         )
-        rows.append(evaluate(ctx, ds, cfg, model_label(model), progress=not quiet).row)
+        rows.append(evaluate(ctx, ds, cfg, model_label(model), progress=not quiet, draft_name=draft_name).row)
     head = rows[0]
+    drafted = f", draft {draft_name} ({draft.resolve()})" if draft is not None else ""
     typer.echo(
-        f"{ds.manifest.name} / {split}: {head.users} users, model {model_label(model)}, {head.env.device}"
+        f"{ds.manifest.name} / {split}: {head.users} users, model {model_label(model)}{drafted}, "
+        f"{head.env.device}"
     )
     typer.echo(format_table(rows, ks))
     if output:
@@ -152,10 +191,11 @@ def decoders_command() -> None:
     """List registered decoders with their parameters (name: type = default); set them with --param."""
     from genrec.platform.params import describe_parameters
     from genrec.workloads.decoding.base import decoder_names
+    from genrec.workloads.decoding.draft import needs_draft
 
     for name in decoder_names():
         params = ", ".join(f"{p.name}: {p.type} = {p.default!r}" for p in describe_parameters(name))
-        typer.echo(f"{name:10s} {params}")
+        typer.echo(f"{name:10s} {params}" + ("  (needs --draft DIR)" if needs_draft(name) else ""))
 
 
 def register(app: typer.Typer) -> None:

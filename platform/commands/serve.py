@@ -24,6 +24,13 @@ def serve_command(
         typer.Option(help="Ray Serve config file (see serve.yaml); its args are the app's settings."),
     ] = None,
     data: Annotated[Path | None, typer.Option(help="Dataset folder (default: the checkpoint's).")] = None,
+    draft: Annotated[
+        Path | None,
+        typer.Option(
+            help="Draft model for AtSpeed decoders (atspeed_*): a checkpoint on the model's codec "
+            "(overrides args.draft of --config)."
+        ),
+    ] = None,
     ranking: Annotated[
         Path | None,
         typer.Option(help="Ranking checkpoint folder for POST /rank (from `genrec rank train --out DIR`)."),
@@ -60,7 +67,7 @@ def serve_command(
 ) -> None:
     """Serve recommendations over HTTP: POST /recommend (and /rank with --ranking), GET /health, /decoders,
     /constraint-sets."""
-    from genrec.platform.serve.config import read_serve_file
+    from genrec.platform.serve.config import ServeConfig, read_serve_file
     from genrec.platform.serve.server import (
         HttpSettings,
         get_json,
@@ -81,6 +88,7 @@ def serve_command(
     overrides = {
         "model": str(model) if model else None,
         "data": str(data) if data else None,
+        "draft": str(draft) if draft else None,
         "ranking": str(ranking) if ranking else None,
         "decoders": [d.strip() for d in decoders.split(",") if d.strip()] if decoders else None,
         "num_replicas": replicas,
@@ -88,8 +96,13 @@ def serve_command(
         "device": device,
         "batching": batching or None,
     }
-    if overrides["decoders"] and "defaults" in args:  # keep defaults only for decoders still served
-        args["defaults"] = {k: v for k, v in args["defaults"].items() if k in overrides["decoders"]}
+    if overrides["decoders"]:  # keep defaults only for decoders still served (the file's, or built-in)
+        given = (
+            args["defaults"]
+            if "defaults" in args
+            else ServeConfig.model_fields["defaults"].get_default(call_default_factory=True)
+        )
+        args["defaults"] = {k: v for k, v in given.items() if k in overrides["decoders"]}
     cfg = serve_config_from(args, overrides)
     http = HttpSettings(
         host=host or (file.host if file else "127.0.0.1"),
@@ -97,8 +110,9 @@ def serve_command(
         request_timeout_s=file.request_timeout_s if file else None,
         ingress=ingress,
     )
+    drafted = f", draft {cfg.draft}" if cfg.draft else ""
     typer.echo(
-        f"starting Ray Serve: model {cfg.model}, decoders {cfg.decoders}, "
+        f"starting Ray Serve: model {cfg.model}{drafted}, decoders {cfg.decoders}, "
         f"max_batch_size {cfg.batching.max_batch_size}, wait {cfg.batching.batch_wait_timeout_s * 1e3:g} ms"
     )
     try:

@@ -83,6 +83,8 @@ def print_dry_run(cfg) -> None:
         model = f"checkpoint {cfg.model.checkpoint}" if cfg.model.checkpoint else f"train -> {t.out}"
         typer.echo(f"dataset  {cfg.dataset.path}")
         typer.echo(f"model    {model}")
+        if cfg.draft is not None:
+            typer.echo(f"draft    {cfg.draft}")
     typer.echo(f"fixed    {cfg.params or '{}'}; eval {cfg.eval.model_dump()}")
     typer.echo(
         f"per trial {cfg.resources.cpu} CPU / {cfg.resources.gpu} GPU; max_failures {cfg.max_failures}"

@@ -3,8 +3,8 @@
     POST /recommend        {history, decoder?, k?, beam_width?, constraint?, params?} -> items + timings
     POST /rank             {user: {profile, seq}, items, cross, mode?} -> per-task scores of B candidates
                            (only with a ranking checkpoint, `ranking: DIR`; see platform/serve/ranking.py)
-    GET  /health           model, dataset, decoders, batching settings
-    GET  /decoders         names, parameters (type, default) and the deployment's defaults
+    GET  /health           model, draft (AtSpeed's draft model, or null), dataset, decoders, batching settings
+    GET  /decoders         names, parameters (type, default), the deployment's defaults and the draft
     GET  /constraint-sets  the sets requests can name with `constraint` (any beam-based decoder)
 
 Requests are checked in the replica's event loop (`parse_recommend`: the decoder's parameters go
@@ -120,6 +120,7 @@ class Recommender:
         host_cfg = HostConfig(
             model=str(self.cfg.model),
             data=str(self.cfg.data) if self.cfg.data else None,
+            draft=str(self.cfg.draft) if self.cfg.draft else None,
             device=self.cfg.device,
             threads=self.cfg.threads,
             decoders=tuple(self.cfg.decoders),
@@ -176,6 +177,7 @@ class Recommender:
         return {
             "status": "ok",
             "model": info["model"],
+            "draft": info["draft"],  # AtSpeed's draft model folder; None: no draft loaded
             "dataset": info["dataset"],
             "device": info["device"],
             "threads": info["threads"],
@@ -202,6 +204,7 @@ class Recommender:
     def decoders(self) -> dict[str, Any]:
         return {
             "default": self.limits.default_decoder,
+            "draft": self.host.describe()["draft"],  # what atspeed_* decoders draft with (None: none)
             "decoders": {
                 name: {
                     "parameters": {

@@ -9,6 +9,9 @@ drives both `genrec serve --config serve.yaml` and `serve deploy serve.yaml` on 
         import_path: genrec.platform.serve.app:build_app
         args: {model: runs/models/tiny, decoders: [beam, static], max_batch_size: 16, ...}
 
+`draft: DIR` (AtSpeed) loads a draft model beside the model in every replica; decoders that need one
+(atspeed_*) are refused in `decoders` without it.
+
 `args` is a `ServeConfig`. Batching settings (`max_batch_size`, `batch_wait_timeout_s`) are the
 deployment's `user_config`, so `serve deploy` of a changed file applies them live, without
 restarting replicas.
@@ -24,6 +27,12 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from genrec.platform.experiment import format_validation_error
+from genrec.workloads.decoding.draft import (
+    check_same_codec,
+    checkpoint_codebook_sizes,
+    draft_needed_message,
+    needs_draft,
+)
 from genrec.workloads.decoding.params import CONSTRAINT_RULES, SIZED_RULES, BeamParams
 from genrec.workloads.errors import UserInputError
 
@@ -99,6 +108,9 @@ class BatchingConfig(_Strict):
 class ServeConfig(_Strict):
     model: Path
     data: Path | None = None  # None: the dataset recorded in the checkpoint
+    # AtSpeed's draft model (a checkpoint on the model's codec), loaded by every replica beside the
+    # model; the atspeed_* decoders may only be served with one
+    draft: Path | None = None
     device: Literal["auto", "cpu", "cuda"] = "auto"
     decoders: list[str] = Field(default_factory=lambda: ["beam", "static"])
     defaults: dict[str, dict[str, Any]] = Field(
@@ -138,6 +150,10 @@ class ServeConfig(_Strict):
         extra = sorted(set(self.defaults) - set(self.decoders))
         if extra:
             raise ValueError(f"defaults for {extra}, which are not in decoders {self.decoders}")
+        drafted = [d for d in self.decoders if needs_draft(d)]
+        if drafted and self.draft is None:  # a replica would start and then fail every such request
+            fix = "set `draft: DIR` in the config or pass --draft DIR"
+            raise ValueError(draft_needed_message(drafted[0], fix))
         return self
 
     def resolved(self, base: Path | None = None) -> ServeConfig:
@@ -154,6 +170,7 @@ class ServeConfig(_Strict):
             update={
                 "model": absolute(self.model),
                 "data": absolute(self.data),
+                "draft": absolute(self.draft),
                 "ranking": absolute(self.ranking),
             }
         )
@@ -164,7 +181,7 @@ def parse_serve_config(args: dict[str, Any], where: str = "serve config") -> Ser
     try:
         cfg = ServeConfig.model_validate(args)
     except ValidationError as e:
-        raise UserInputError(f"{where}: {format_validation_error(e)}") from None
+        raise UserInputError(f"{where}: {format_validation_error(e, ServeConfig, 'settings')}") from None
     try:
         check_decoder_defaults(cfg)
     except UserInputError as e:
@@ -195,6 +212,13 @@ def check_model_dir(cfg: ServeConfig) -> None:
         )
     if cfg.data is not None and not (cfg.data / "manifest.json").is_file():
         raise UserInputError(f"data {cfg.data}: not a dataset folder (manifest.json missing)")
+    if cfg.draft is not None:  # config.json only, before Ray starts; each replica loads the weights
+        check_same_codec(
+            cfg.draft,
+            checkpoint_codebook_sizes(cfg.draft),
+            cfg.model,
+            checkpoint_codebook_sizes(cfg.model, role="model"),
+        )
     if cfg.ranking is not None:
         from genrec.workloads.ranking.checkpoint import read_ranking_config
 

@@ -12,6 +12,8 @@ import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from genrec.workloads.benchmarks.atspeed_arms import OBJECTIVES, VERIFICATIONS
+from genrec.workloads.benchmarks.atspeed_arms import arm_point as atspeed_point
 from genrec.workloads.benchmarks.mari_matmul import fragmented_point, matmul_point
 from genrec.workloads.benchmarks.mari_model import model_point
 from genrec.workloads.benchmarks.nezha_arms import ARMS, arm_point
@@ -101,6 +103,15 @@ def _nezha_check(params: dict) -> None:
         TrainConfig(head_batching=params["head_batching"]).validate()
 
 
+def _atspeed_check(params: dict) -> None:
+    _positive("epochs", "k", "draft_beams", "gamma", "teacher_k", "users", "batch_size", "repeats")(params)
+    for key, names in (("objective", OBJECTIVES), ("verification", VERIFICATIONS)):
+        if key in params and params[key] not in names:
+            raise UserInputError(f"{key} must be one of {list(names)}, got {params[key]!r}")
+    if not 0.0 <= params.get("alpha", 0.5) <= 1.0:
+        raise UserInputError(f"alpha must be in [0, 1], got {params['alpha']!r}")
+
+
 BENCHMARKS: dict[str, Benchmark] = {
     b.name: b
     for b in (
@@ -167,6 +178,29 @@ BENCHMARKS: dict[str, Benchmark] = {
             ),
             "one arm of the NEZHA comparison (beam, nezha, nezha-1..4, mtp): train for a seed, then evaluate",
             _nezha_check,
+            path_params=("data", "models_dir"),
+            dataset_params=("data",),
+        ),
+        Benchmark(
+            "atspeed_arm",
+            atspeed_point,
+            (
+                "ws",
+                "accepted_steps",
+                "target_calls",
+                "reference_ms",
+                "atspeed_ms",
+                "draft_ms",
+                "verify_ms",
+                "free_draft_ceiling",
+                "identical_share",
+                "reference_recall@10",
+                "atspeed_recall@10",
+                "reference_ndcg@10",
+                "atspeed_ndcg@10",
+            ),
+            "one AtSpeed cell (draft objective x verification): train target + draft, then WS@K and AS@K",
+            _atspeed_check,
             path_params=("data", "models_dir"),
             dataset_params=("data",),
         ),

@@ -69,6 +69,7 @@ class DecoderContext:
     max_items: int  # history items per prompt
     popularity: np.ndarray | None = None  # train interactions per item (popularity baseline, cold_start)
     draft_head: DraftHead | None = None  # NEZHA / MTP head trained on this backbone, if any
+    draft_model: GRTransformer | None = None  # AtSpeed's draft: a smaller model on the same codec
     item_tokens: np.ndarray = field(init=False)
     index: ItemIndex = field(init=False)
     constraints: ConstraintStore = field(init=False)  # constraint sets and their mask indexes
@@ -184,4 +185,4 @@ def decoder_parameters(name: str) -> dict[str, Any]:
 
 def _import_builtin_decoders() -> None:
     # importing the modules runs their @register_decoder; done lazily so base stays import-light
-    from genrec.workloads.decoding import beam, mtp, nezha, popular, static  # noqa: F401
+    from genrec.workloads.decoding import atspeed, beam, mtp, nezha, popular, static  # noqa: F401

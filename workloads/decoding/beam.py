@@ -3,25 +3,45 @@
 One prefill per user, then L - 1 cached steps of batch x beam rows (beam_core.run_beam_search with
 the backbone as scorer). With `constraint` set, the constraint set's mask (STATIC's index) is a level
 processor, so the search returns only SIDs of the set, exactly as `static` does.
+
+`beam_sample` is sampling-based beam search at temperature 1 (the reference AtSpeed's relaxed
+verification is measured against): at every level the W beams are drawn without replacement from the
+children of the current beams, each with probability proportional to its sequence probability.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 
 from genrec.workloads.constraints.backend import MaskBackend
 from genrec.workloads.decoding.base import DecoderContext, DecodeResult, PhaseTimer, register_decoder
-from genrec.workloads.decoding.beam_core import finish_beams, run_beam_search
+from genrec.workloads.decoding.beam_core import (
+    BeamSelector,
+    GumbelSelector,
+    finish_beams,
+    run_beam_search,
+    select_beams,
+)
 from genrec.workloads.decoding.params import BeamParams
 from genrec.workloads.decoding.processors import ConstraintProcessor
 from genrec.workloads.decoding.scorers import BackboneScorer, level_log_probs  # noqa: F401 (re-export)
 
 
+@dataclass(frozen=True)
+class BeamSampleParams(BeamParams):
+    seed: int = 0  # the sampling noise of one decode call (rows draw independently)
+
+
 @torch.no_grad()
 def backbone_beam_search(
-    ctx: DecoderContext, histories: list[list[int]], params: BeamParams, mask: MaskBackend | None
+    ctx: DecoderContext,
+    histories: list[list[int]],
+    params: BeamParams,
+    mask: MaskBackend | None,
+    select: BeamSelector = select_beams,
 ) -> DecodeResult:
     """Beam search with the cached backbone; `mask` (if any) constrains every level."""
     timer = PhaseTimer(ctx.device)
@@ -34,7 +54,7 @@ def backbone_beam_search(
     processors = [ConstraintProcessor(mask)] if mask is not None else []
     inner = PhaseTimer(ctx.device)
     with timer.phase("decode"):
-        res = run_beam_search(scorer, processors, tokens.shape[0], w, codec.levels, ctx.device, inner)
+        res = run_beam_search(scorer, processors, tokens.shape[0], w, codec.levels, ctx.device, inner, select)
     with timer.phase("system"):
         top = finish_beams(ctx, res.codes, res.scores, params.k)
     timings = dict(timer.ms)
@@ -54,3 +74,17 @@ class BeamSearch:
         params.validate()
         mask = ctx.constraints.mask_backend(params, ctx.device) if params.constrained else None
         return backbone_beam_search(ctx, histories, params, mask)
+
+
+@register_decoder
+class BeamSample:
+    name: ClassVar[str] = "beam_sample"
+    Params: ClassVar[type] = BeamSampleParams
+
+    def decode(
+        self, ctx: DecoderContext, histories: list[list[int]], params: BeamSampleParams
+    ) -> DecodeResult:
+        params.validate()
+        mask = ctx.constraints.mask_backend(params, ctx.device) if params.constrained else None
+        gen = torch.Generator(device=ctx.device).manual_seed(params.seed)
+        return backbone_beam_search(ctx, histories, params, mask, GumbelSelector(gen))

@@ -59,11 +59,32 @@ class LevelProcessor(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class LevelChoice:
+    """The beams chosen at one level: score, parent beam (index into the previous level's beams), code."""
+
+    scores: Tensor  # [B, W]
+    parent: Tensor  # [B, W]
+    code: Tensor  # [B, W]
+    log_probs: Tensor  # [B, w, T] what the selection saw (after the processors), per parent beam
+
+
+@dataclass
+class BeamStart:
+    """A search resumed from beams already decided (speculative decoding continues from its output)."""
+
+    level: int  # levels decided so far
+    scores: Tensor  # [B, w]
+    codes: Tensor  # [B, w, level]
+    states: list[Any]  # each processor's state, one row per beam (see replay_processors)
+
+
 @dataclass
 class BeamSearchOutput:
     codes: Tensor  # [B, W, L] best first; arbitrary where the score is -inf
     scores: Tensor  # [B, W]
     states: list[Any]  # each processor's final state (counters live there)
+    choices: list[LevelChoice]  # per searched level, in order
 
 
 def select_beams(scores: Tensor, log_probs: Tensor, beam_width: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -80,6 +101,38 @@ def select_beams(scores: Tensor, log_probs: Tensor, beam_width: int) -> tuple[Te
     return top, flat // t, flat % t
 
 
+class BeamSelector(Protocol):
+    """How the next beams are chosen among scores[b, j] + log_probs[b, j, c] (top-W by default)."""
+
+    def __call__(
+        self, scores: Tensor, log_probs: Tensor, beam_width: int
+    ) -> tuple[Tensor, Tensor, Tensor]: ...
+
+
+class GumbelSelector:
+    """Sampling beam search: W candidates drawn without replacement, each with probability proportional
+    to its sequence probability (Gumbel-top-k), at temperature 1. Returned scores stay the true
+    cumulative log-probabilities; the order of the W beams is by score."""
+
+    def __init__(self, generator: torch.Generator) -> None:
+        self.generator = generator
+
+    def __call__(self, scores: Tensor, log_probs: Tensor, beam_width: int) -> tuple[Tensor, Tensor, Tensor]:
+        b, w, t = log_probs.shape
+        cand = (scores[:, :, None] + log_probs).view(b, w * t)
+        u = torch.rand(cand.shape, generator=self.generator, device=cand.device).clamp_(min=1e-20)
+        perturbed = cand - torch.log(-torch.log(u))  # -inf stays -inf: never drawn
+        n = min(beam_width, w * t)
+        _, flat = perturbed.topk(n, dim=-1)
+        top = cand.gather(1, flat)
+        top, order = top.sort(dim=-1, descending=True)
+        flat = flat.gather(1, order)
+        if n < beam_width:
+            top = torch.cat([top, top.new_full((b, beam_width - n), NEG_INF)], dim=1)
+            flat = torch.cat([flat, flat.new_zeros(b, beam_width - n)], dim=1)
+        return top, flat // t, flat % t
+
+
 def run_beam_search(
     scorer: LevelScorer,
     processors: list[LevelProcessor],
@@ -88,24 +141,37 @@ def run_beam_search(
     levels: int,
     device: torch.device,
     timer: PhaseTimer | None = None,
+    select: BeamSelector = select_beams,
+    start: BeamStart | None = None,
 ) -> BeamSearchOutput:
-    """Beam search over `levels` SID levels, batched over users and beams (see the module doc)."""
+    """Beam search over SID levels up to `levels` (exclusive), batched over users and beams.
+
+    `select` picks the next beams: the top W (beam search) or a GumbelSelector (sampling beam search).
+    `start` resumes from decided beams (the scorer must already score their children); by default the
+    search starts from one empty beam per user with score 0."""
     timer = timer or PhaseTimer(device)
-    states = []
-    for proc in processors:
-        with timer.phase(proc.phase):
-            states.append(proc.init_state(batch, device))
-    scores = torch.zeros(batch, 1, device=device)
-    codes = torch.zeros(batch, 1, 0, dtype=torch.long, device=device)
+    if start is None:
+        states = []
+        for proc in processors:
+            with timer.phase(proc.phase):
+                states.append(proc.init_state(batch, device))
+        scores = torch.zeros(batch, 1, device=device)
+        codes = torch.zeros(batch, 1, 0, dtype=torch.long, device=device)
+        first = 0
+    else:
+        states, scores, codes, first = list(start.states), start.scores, start.codes, start.level
     users = torch.arange(batch, device=device)[:, None]
-    for level in range(levels):
+    choices = []
+    for level in range(first, levels):
         lp = scorer.level_log_probs(level)
         flat_scores = scores.reshape(-1)
         for i, proc in enumerate(processors):
             with timer.phase(proc.phase):
                 lp, states[i] = proc.apply(level, states[i], lp, flat_scores)
         w = scores.shape[1]
-        scores, parent, code = select_beams(scores, lp.view(batch, w, -1), beam_width)
+        lp = lp.view(batch, w, -1)
+        scores, parent, code = select(scores, lp, beam_width)
+        choices.append(LevelChoice(scores, parent, code, lp))
         codes = torch.cat([codes.gather(1, parent[..., None].expand(-1, -1, level)), code[..., None]], dim=2)
         if level < levels - 1:
             rows, token = (users * w + parent).reshape(-1), code.reshape(-1)
@@ -113,7 +179,31 @@ def run_beam_search(
                 with timer.phase(proc.phase):
                     states[i] = proc.advance(level, states[i], rows, token)
             scorer.advance(level, rows, token)
-    return BeamSearchOutput(codes, scores, states)
+    return BeamSearchOutput(codes, scores, states, choices)
+
+
+def replay_processors(
+    processors: list[LevelProcessor], codes: Tensor, codebook_sizes: tuple[int, ...]
+) -> list[Any]:
+    """Processor states of the beams `codes` [B, w, t], as if a search had chosen them level by level.
+
+    Row i of the states is beam i (B*w rows; B rows when t = 0), ready for level t."""
+    b, w, t = codes.shape
+    device = codes.device
+    states = [proc.init_state(b, device) for proc in processors]
+    for level in range(t):
+        rows = b if level == 0 else b * w
+        dummy = torch.zeros(rows, codebook_sizes[level], device=device)
+        zeros = torch.zeros(rows, device=device)
+        states = [proc.apply(level, s, dummy, zeros)[1] for proc, s in zip(processors, states)]
+        parent = (
+            torch.arange(b, device=device).repeat_interleave(w)
+            if level == 0
+            else torch.arange(b * w, device=device)
+        )
+        token = codes[:, :, level].reshape(-1)
+        states = [proc.advance(level, s, parent, token) for proc, s in zip(processors, states)]
+    return states
 
 
 @dataclass

@@ -35,11 +35,15 @@ class BackboneScorer:
         prompt_cache: KVCache,
         beam_width: int,
         attention: str = "torch",
+        expanded: bool = False,
     ) -> None:
+        """`prefill_logits` [rows, V] score the current rows' children. By default `prompt_cache` is the
+        prefill's and is expanded to beam_width rows after level 0; with `expanded` it already holds
+        beam_width rows per user (a search resumed from decided beams)."""
         self.model, self.codec, self.attention = model, codec, attention
         self.logits = prefill_logits  # [B*w, V] of the current rows
         self.prompt_cache, self.beam_width = prompt_cache, beam_width
-        self.cache: KVCache | None = None
+        self.cache: KVCache | None = prompt_cache if expanded else None
         self.timer = PhaseTimer(model.device)
         self.calls = 1  # the prefill
 

@@ -150,6 +150,14 @@ class KVCache:
     def rows(self) -> int:
         return self.batch * self.beams
 
+    def prompt_of(self, users: Tensor | None = None) -> KVCache:
+        """The prompt part alone (no decoded steps) for `users` (indices; None = all, not copied)."""
+        if users is None:
+            return KVCache(self.prefix_k, self.prefix_v, self.prefix_mask, self.prefix_len)
+        pick = [t.index_select(0, users) for t in (*self.prefix_k, *self.prefix_v)]
+        n = len(self.prefix_k)
+        return KVCache(pick[:n], pick[n:], self.prefix_mask[users], self.prefix_len[users])
+
     def expand(self, beams: int, max_steps: int) -> KVCache:
         """A cache with `beams` rows per user and room for `max_steps` decoded tokens.
 
@@ -426,7 +434,9 @@ class GRTransformer(nn.Module):
         attend = get_attention_backend(attention)
         depth = tree_depths(tree_mask, rows, n, tokens.device)
         pos = cache.prefix_len.repeat_interleave(cache.beams)[:, None] + cache.steps + depth  # [N, n]
-        self._check_length(int(cache.prefix_mask.shape[1]) + cache.steps + n)
+        # positions, not block length, bound the sequence: a tree of n nodes may be far shallower than n
+        deepest = n if tree_mask is None else int(depth.max()) + 1
+        self._check_length(int(cache.prefix_mask.shape[1]) + cache.steps + deepest)
         cos, sin = rope_cos_sin(pos, self.config.head_dim, self.config.rope_theta)
         x = self.embed_tokens(tokens)  # [N, n, D]
         for i, block in enumerate(self.layers):

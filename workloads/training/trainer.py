@@ -2,6 +2,9 @@
 
 `objective="nezha"` or `"mtp"` trains the backbone together with a draft head on the head's loss
 instead (training/nezha_objective.py); the loop, schedule, early stopping and checkpoints are shared.
+The AtSpeed draft objectives (`wordkd`, `seqkd`, `tvdkd`, `atspeed_s`, `atspeed_r`; training/align.py)
+train a draft model on the same windows and steps with alpha * L_align + (1 - alpha) * L_rec; their
+validation loss is the next-item one, and the checkpoint's config names the target it was aligned to.
 
 AdamW with linear warm-up then cosine decay, gradient clipping, validation loss after every
 epoch, early stopping on it, and the best checkpoint kept (written atomically). The loss is on
@@ -36,7 +39,12 @@ from genrec.workloads.models.inputs import (
 from genrec.workloads.models.nezha_head import HEAD_VARIANTS
 from genrec.workloads.models.transformer import MODEL_SIZES, GRTransformer, model_config_for
 
-OBJECTIVES = ("next_item", "nezha", "mtp")
+# AtSpeed draft alignment (training/align.py): which objectives read a teacher file, which run the target
+ALIGN_OBJECTIVES = ("wordkd", "seqkd", "tvdkd", "atspeed_s", "atspeed_r")
+TOKEN_OBJECTIVES = ("wordkd", "tvdkd")
+SEQUENCE_OBJECTIVES = ("seqkd", "atspeed_s", "atspeed_r")
+TARGET_OBJECTIVES = ("wordkd", "tvdkd", "atspeed_s", "atspeed_r")
+OBJECTIVES = ("next_item", "nezha", "mtp", *ALIGN_OBJECTIVES)
 HEAD_BATCHING = ("packed", "per_example")  # training/nezha_objective.py
 
 
@@ -64,6 +72,14 @@ class TrainConfig:
     # how a head objective batches its targets: packed (the next-item windows, the same optimiser
     # steps as next_item) or per_example (one prompt per target); next_item always uses windows
     head_batching: str = "packed"
+    # AtSpeed draft alignment (training/align.py): the target checkpoint, the teacher file (from
+    # `genrec atspeed teacher`), the mixing weight of eq. 5 / 9 and the paper's ablations
+    target: str = ""
+    teacher: str = ""
+    alpha: float = 0.5  # L = alpha * L_align + (1 - alpha) * L_rec
+    no_dr: bool = False  # AtSpeed-S w/o DR
+    no_ca: bool = False  # w/o CA: align over the whole vocabulary (eq. 3)
+    top1: bool = False  # w/o top-K: the teacher's top-1 SID only
 
     def validate(self) -> None:
         problems = []
@@ -84,10 +100,30 @@ class TrainConfig:
             problems.append(f"head_variant {self.head_variant!r} needs --objective nezha")
         if self.head_batching not in HEAD_BATCHING:
             problems.append(f"head_batching must be one of {list(HEAD_BATCHING)}, got {self.head_batching!r}")
+        problems += self.alignment_problems()
         if self.device == "cuda" and not torch.cuda.is_available():
             problems.append("device cuda asked for, but no CUDA device is available; use --device cpu")
         if problems:
             raise UserInputError("; ".join(problems))
+
+    def alignment_problems(self) -> list[str]:
+        o, problems = self.objective, []
+        if not 0.0 <= self.alpha <= 1.0:
+            problems.append(f"alpha must be in [0, 1], got {self.alpha}")
+        if o in TARGET_OBJECTIVES and not self.target:
+            problems.append(f"--objective {o} needs --target (the checkpoint the draft aligns to)")
+        if o in SEQUENCE_OBJECTIVES and not self.teacher:
+            problems.append(f"--objective {o} needs --teacher FILE (build it with `genrec atspeed teacher`)")
+        if o not in ALIGN_OBJECTIVES and (self.target or self.teacher):
+            problems.append(f"--target / --teacher are for the draft objectives {list(ALIGN_OBJECTIVES)}")
+        if self.no_dr and o != "atspeed_s":
+            problems.append("--no-dr (w/o DR) applies to --objective atspeed_s only")
+        if self.no_ca and o not in ("atspeed_s", "atspeed_r"):
+            problems.append("--no-ca (w/o CA) applies to --objective atspeed_s or atspeed_r only")
+        if self.top1 and o not in SEQUENCE_OBJECTIVES:
+            names = " / ".join(SEQUENCE_OBJECTIVES)
+            problems.append(f"--top1 (w/o top-K) applies to --objective {names} only")
+        return problems
 
 
 @dataclass
@@ -204,7 +240,14 @@ def train(
     model = GRTransformer(model_cfg).to(device)
     model.train()
     objective = None  # next_item: the code below as it always was
-    if cfg.objective != "next_item":
+    align = None  # an AtSpeed draft objective: next_item's windows and loop, plus alignment
+    align_meta: dict = {}
+    if cfg.objective in ALIGN_OBJECTIVES:
+        from genrec.workloads.training.align import prepare_alignment
+
+        # after the draft is built, so it starts from the weights a next_item run with this seed has
+        align, align_meta = prepare_alignment(cfg, model, ds, item_tokens, windows, device, autocast)
+    elif cfg.objective != "next_item":
         from genrec.workloads.training.nezha_objective import HeadObjective
 
         # built after the backbone, so the backbone starts from the same weights as a next_item run
@@ -231,6 +274,7 @@ def train(
         "train": asdict(cfg),
         "objective": cfg.objective,
         "num_parameters": sum(p.numel() for p in trainable.parameters()),
+        **align_meta,
     }
     if objective is not None:
         meta["history_blind_val_loss"] = objective.history_blind_val_loss()
@@ -248,7 +292,9 @@ def train(
     for epoch in range(1, cfg.epochs + 1):
         running, count = 0.0, 0
         for batch_idx in length_bucketed_batches(lengths, cfg.batch_size, rng):
-            if objective is None:
+            if align is not None:
+                loss = align.loss(batch_idx)
+            elif objective is None:
                 batch = [windows[i] for i in batch_idx]
                 tok, mask, lab = build_training_batch(
                     [w for w, _ in batch], item_tokens, [n for _, n in batch]
@@ -271,6 +317,8 @@ def train(
             if cfg.max_steps and step >= cfg.max_steps:
                 break
         record = {"epoch": epoch, "train_loss": running / max(count, 1)}
+        if align is not None:  # L_rec and L_align apart, to see what the mixture traded
+            record |= align.epoch_parts()
         if objective is None:
             val = validation_loss(model, val_windows, item_tokens, cfg, device, autocast)
         else:  # per-level parts too: they show which levels a draft head has learned

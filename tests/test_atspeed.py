@@ -1,0 +1,247 @@
+"""AtSpeed: strict verification is lossless, tree verification equals separate scoring, and relaxed
+verification samples from the target's distribution (Algorithm 2; exact for K = 1)."""
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import stats
+
+from genrec.workloads.decoding.atspeed import resample, sample_without_replacement
+from genrec.workloads.decoding.base import DecoderContext, get_decoder, make_params
+from genrec.workloads.decoding.draft_tree import DraftLevel, DraftTree, verify_logits
+from genrec.workloads.errors import UserInputError
+from genrec.workloads.models.transformer import GRTransformer, ModelConfig
+from genrec.workloads.sid_codec import SIDCodec
+
+
+def random_model(codec, seed, dim=16, std=0.5):
+    torch.manual_seed(seed)
+    m = GRTransformer(
+        ModelConfig(vocab_size=codec.vocab_size, dim=dim, n_layers=1, n_heads=2, max_seq_len=96)
+    )
+    for p in m.parameters():
+        torch.nn.init.normal_(p, std=std)
+    return m.eval()
+
+
+def make_ctx(sizes, seed, draft="random"):
+    codec = SIDCodec(tuple(sizes))
+    rng = np.random.default_rng(seed)
+    n = max(4, codec.num_sids // 2)
+    items = codec.keys_to_codes(rng.choice(codec.num_sids, size=n, replace=False))
+    target = random_model(codec, seed)
+    drafts = {
+        "random": random_model(codec, seed + 1, dim=8),
+        "self": target,
+        "untrained": random_model(codec, 7, 8, 0.02),
+    }
+    return DecoderContext(
+        target, codec, np.asarray(items), 4, rng.integers(0, 3, len(items)), None, drafts[draft]
+    )
+
+
+def same_top_k(a, b):
+    fa, fb = torch.isfinite(a.scores), torch.isfinite(b.scores)
+    assert torch.equal(fa, fb)
+    assert torch.equal(a.codes[fa], b.codes[fb])
+    torch.testing.assert_close(a.scores[fa], b.scores[fb], atol=1e-5, rtol=1e-5)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    sizes=st.lists(st.integers(2, 6), min_size=2, max_size=4),
+    seed=st.integers(0, 10_000),
+    k=st.integers(1, 5),
+    extra=st.integers(0, 5),
+    gamma=st.integers(1, 4),
+    batch=st.integers(1, 4),
+    tree=st.booleans(),
+    constraint=st.sampled_from(["none", "cold_start"]),
+    draft=st.sampled_from(["random", "untrained", "self"]),
+)
+def test_strict_equals_target_beam_search(sizes, seed, k, extra, gamma, batch, tree, constraint, draft):
+    ctx = make_ctx(sizes, seed, draft)
+    rng = np.random.default_rng(seed)
+    hist = [list(rng.integers(0, len(ctx.item_codes), rng.integers(1, 4))) for _ in range(batch)]
+    beam, at = get_decoder("beam"), get_decoder("atspeed_strict")
+    base = {"beam_width": k, "k": k, "constraint": constraint}
+    want = beam.decode(ctx, hist, make_params(beam, base))
+    got = at.decode(
+        ctx, hist, make_params(at, {**base, "draft_beams": k + extra, "gamma": gamma, "tree_attention": tree})
+    )
+    same_top_k(got, want)
+
+
+def test_a_draft_equal_to_the_target_is_always_accepted():
+    ctx = make_ctx((5, 5, 5, 5), seed=1, draft="self")
+    at = get_decoder("atspeed_strict")
+    res = at.decode(
+        ctx, [[0, 1], [2], [3, 4]], make_params(at, {"beam_width": 4, "k": 4, "draft_beams": 8, "gamma": 3})
+    )
+    assert res.counters["target_calls"] == 2  # the prefill + one verification of all 4 levels
+    assert res.counters["accepted_steps"] == 3.0
+    assert all(res.counters[f"acceptance_level_{j}"] == 1.0 for j in (1, 2, 3))
+    assert {"prefill", "draft", "verify", "system"} <= set(res.timings_ms)
+
+
+def test_without_tree_attention_it_takes_one_call_per_level():
+    ctx = make_ctx((5, 5, 5, 5), seed=1, draft="self")
+    at = get_decoder("atspeed_strict")
+    p = {"beam_width": 4, "k": 4, "draft_beams": 8, "gamma": 3, "tree_attention": False}
+    res = at.decode(ctx, [[0, 1]], make_params(at, p))
+    assert res.counters["target_calls"] == 1 + 3  # the prefill + one call per drafted level
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 10_000), k=st.integers(1, 3), n=st.integers(1, 4), t=st.integers(0, 2))
+def test_tree_verification_equals_scoring_each_sequence_separately(seed, k, n, t):
+    """Every node's logits from the one tree call equal a full forward of that node's own path."""
+    codec = SIDCodec((4, 4, 4, 4))
+    model = random_model(codec, seed)
+    g = torch.Generator().manual_seed(seed)
+    prompt_tokens = torch.randint(3, codec.vocab_size, (2, 5), generator=g)
+    mask = torch.ones(2, 5, dtype=torch.bool)
+    prompt = model.prefill(prompt_tokens, mask).cache
+    committed = torch.randint(0, 4, (2, k, t), generator=g)
+    levels = [
+        DraftLevel(
+            torch.randint(0, k if (j == 0 and t) else (n if j else 1), (2, n), generator=g),
+            torch.randint(0, 4, (2, n), generator=g),
+        )
+        for j in range(4 - t - 1)
+    ]
+    tree = DraftTree(committed if t else committed[:, :1], levels)
+    logits, calls = verify_logits(model, prompt, tree, codec, tree_attention=True)
+    assert calls == 1
+    # rebuild each drafted node's path by hand and run the plain forward
+    for b in range(2):
+        for j in range(len(levels)):
+            for i in range(n):
+                path, node_parent, jj = [], i, j
+                while jj >= 0:
+                    path.append(int(levels[jj].code[b, node_parent]) + codec.level_offset(t + jj))
+                    node_parent = int(levels[jj].parent[b, node_parent])
+                    jj -= 1
+                path += [
+                    int(committed[b, node_parent, l]) + codec.level_offset(l) for l in reversed(range(t))
+                ]
+                full = torch.cat([prompt_tokens[b], torch.tensor(path[::-1])])[None]
+                want = model(full)[0][0, -1]
+                torch.testing.assert_close(
+                    logits[b, tree.drafted_index(j, torch.tensor(i))], want, atol=2e-5, rtol=1e-4
+                )
+
+
+# --- relaxed verification -----------------------------------------------------------------------------------
+def direct_algorithm_2_k1(p, q, rng):
+    """One SD level of Algorithm 2 with K = 1, written out: y ~ q, keep it with prob min(1, p/q),
+    else draw from norm(max(0, p - q))."""
+    y = rng.choice(len(q), p=q)
+    if rng.random() <= p[y] / q[y]:
+        return y
+    res = np.maximum(0, p - q)
+    return rng.choice(len(p), p=res / res.sum())
+
+
+def test_relaxed_rule_matches_algorithm_2_on_enumerable_distributions():
+    rng = np.random.default_rng(0)
+    m, trials = 6, 20_000
+    p = rng.dirichlet(np.ones(m))
+    q = rng.dirichlet(np.ones(m) * 0.5)
+    gen = torch.Generator().manual_seed(1)
+    p_log = torch.log(torch.tensor(p, dtype=torch.float32)).expand(trials, m)
+    q_log = torch.log(torch.tensor(q, dtype=torch.float32)).expand(trials, m)
+    drafted, _ = sample_without_replacement(q_log, 1, gen)
+    ratio = torch.exp(p_log.gather(1, drafted) - q_log.gather(1, drafted))
+    keep = torch.rand(ratio.shape, generator=gen) <= ratio
+    chosen, real = resample(p_log, q_log, drafted, keep, 1, gen)
+    assert bool(real.all())
+    ours = np.bincount(chosen[:, 0].numpy(), minlength=m)
+    direct = np.bincount([direct_algorithm_2_k1(p, q, rng) for _ in range(trials)], minlength=m)
+    # both are samples of p (the speculative-sampling identity)
+    assert stats.chisquare(ours, p * trials).pvalue > 1e-3
+    assert stats.chisquare(direct, p * trials).pvalue > 1e-3
+    # keep rate: sum_y min(p, q)
+    assert abs(float(keep.float().mean()) - np.minimum(p, q).sum()) < 0.02
+
+
+def test_resample_keeps_the_accepted_and_never_repeats_them():
+    gen = torch.Generator().manual_seed(3)
+    p = torch.log_softmax(torch.randn(500, 12, generator=gen), -1)
+    q = torch.log_softmax(torch.randn(500, 12, generator=gen), -1)
+    drafted, _ = sample_without_replacement(q, 3, gen)
+    keep = torch.rand(500, 3, generator=gen) < 0.5
+    chosen, real = resample(p, q, drafted, keep, 3, gen)
+    for r in range(500):
+        kept = set(drafted[r][keep[r]].tolist())
+        got = chosen[r][real[r]].tolist()
+        assert kept <= set(got) and len(set(got)) == len(got)
+
+
+@torch.no_grad()
+def exact_sid_distribution(model, codec, history_tokens):
+    """Ancestral sampling's p(SID) of every SID by enumeration (full forwards): each level's codes are
+    drawn from the model's next-token distribution restricted to that level (renormalised there)."""
+    sids = list(itertools.product(*(range(t) for t in codec.codebook_sizes)))
+    n = len(history_tokens)
+    p = []
+    for sid in sids:
+        toks = [c + codec.level_offset(l) for l, c in enumerate(sid)]
+        logits = model(torch.tensor(history_tokens + toks)[None])[0][0]
+        total = 0.0
+        for l, c in enumerate(sid):
+            start, end = codec.level_range(l)
+            total += float(torch.log_softmax(logits[n - 1 + l, start:end].float(), -1)[c])
+        p.append(np.exp(total))
+    return sids, np.array(p) / np.sum(p)
+
+
+def test_relaxed_with_k1_samples_the_target_distribution():
+    """K = 1: relaxed verification is speculative sampling, so its SIDs follow the target's own sampling
+    (beam_sample with one beam), whatever the draft; chi-square against the enumerated distribution."""
+    codec = SIDCodec((3, 3, 2))
+    items = np.array(list(itertools.product(range(3), range(3), range(2))))
+    target, draft = random_model(codec, 5, std=0.3), random_model(codec, 9, dim=8, std=0.6)
+    ctx = DecoderContext(target, codec, items, 4, None, None, draft)
+    n = 3000
+    hist = [[1, 4]] * n
+    prompt, _ = ctx.prompts(hist[:1])
+    sids, p = exact_sid_distribution(target, codec, prompt[0].tolist())
+    index = {s: i for i, s in enumerate(sids)}
+    rel, samp = get_decoder("atspeed_relaxed"), get_decoder("beam_sample")
+    out_rel = rel.decode(
+        ctx, hist, make_params(rel, {"beam_width": 1, "k": 1, "draft_beams": 1, "gamma": 2, "seed": 4})
+    )
+    out_smp = samp.decode(ctx, hist, make_params(samp, {"beam_width": 1, "k": 1, "seed": 4}))
+    for out in (out_rel, out_smp):
+        counts = np.bincount([index[tuple(c)] for c in out.codes[:, 0].tolist()], minlength=len(sids))
+        assert stats.chisquare(counts, p * n).pvalue > 1e-3
+    assert 0 < out_rel.counters["accepted_steps"] <= 2
+
+
+def test_relaxed_returns_k_distinct_valid_sequences_with_target_scores():
+    ctx = make_ctx((4, 4, 4), seed=2)
+    rel = get_decoder("atspeed_relaxed")
+    res = rel.decode(
+        ctx, [[0], [1, 2]], make_params(rel, {"beam_width": 5, "k": 5, "draft_beams": 5, "constraint": "all"})
+    )
+    for b in range(2):
+        rows = [tuple(c) for c in res.codes[b].tolist()]
+        assert len(set(rows)) == 5 and bool(res.valid[b].all())
+        assert bool((res.scores[b, :-1] >= res.scores[b, 1:]).all())
+
+
+def test_atspeed_needs_a_draft_and_valid_params():
+    ctx = make_ctx((3, 3), seed=0)
+    ctx.draft_model = None
+    at = get_decoder("atspeed_strict")
+    with pytest.raises(UserInputError, match="needs a draft model"):
+        at.decode(ctx, [[0]], make_params(at, {"beam_width": 2, "k": 2}))
+    with pytest.raises(UserInputError, match="draft_beams"):
+        make_params(at, {"beam_width": 10, "k": 10, "draft_beams": 5})
+    with pytest.raises(UserInputError, match="gamma"):
+        make_params(at, {"gamma": 0})

@@ -1,0 +1,168 @@
+"""AtSpeed's walltime speed-up (WS@K) over beam search, side by side in one process on the same batches.
+
+    python -m genrec.workloads.benchmarks.atspeed_latency --model runs/models/small \\
+        --draft runs/models/tiny [--data DIR] --k 10 --draft-beams 10 20 40 --gamma 3 --users 64 \\
+        --batch-size 1 --repeats 3 --warmup 1 --threads 1 [--device cpu|cuda] [--out FILE.json]
+
+Arms: `beam` (the target's beam search with beam K: the reference whose output strict AtSpeed must
+equal) and `atspeed_strict` for each N in --draft-beams (and `atspeed_relaxed` with --relaxed). Every
+arm decodes the SAME batches of the first --users test users, with the arm order rotated per repeat.
+Per arm: latency per batch (median, p90), WS@K = beam median / arm median, the phase split (prefill,
+draft, verify), target and draft calls per user, accepted steps per SD step (AS@K) and per-level
+acceptance, whether the top-K equals beam search's on every user (strict), and the ceiling a free draft
+would give: beam / (arm - draft time), i.e. what is left if drafting cost nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import asdict
+
+import numpy as np
+import torch
+
+from genrec.workloads.decoding.base import DecoderContext, DecodeResult, get_decoder, make_params
+from genrec.workloads.errors import UserInputError
+from genrec.workloads.evaluation import load_context
+from genrec.workloads.io import atomic_write_text
+from genrec.workloads.results import command_line, current_environment
+
+MODULE = "genrec.workloads.benchmarks.atspeed_latency"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__.split("\n")[0])
+    p.add_argument("--model", required=True, help="the target checkpoint")
+    p.add_argument("--draft", required=True, help="the draft checkpoint (same codec)")
+    p.add_argument("--data", default=None, help="dataset folder (default: the one the target names)")
+    p.add_argument("--k", type=int, default=10, help="the target's beam K (= items returned)")
+    p.add_argument("--draft-beams", type=int, nargs="+", default=[10, 20, 40], help="N values (>= K)")
+    p.add_argument("--gamma", type=int, default=3)
+    p.add_argument("--relaxed", action="store_true", help="also time atspeed_relaxed")
+    p.add_argument("--users", type=int, default=64)
+    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=1, help="untimed batches per arm")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    if min(args.draft_beams) < args.k:
+        p.error(f"--draft-beams must all be >= --k ({args.k}): strict verification needs N >= K")
+    return args
+
+
+def arms(args: argparse.Namespace) -> dict[str, tuple[str, dict]]:
+    base = {"beam_width": args.k, "k": args.k}
+    out = {"beam": ("beam", base)}
+    for n in args.draft_beams:
+        out[f"strict_N{n}"] = ("atspeed_strict", {**base, "draft_beams": n, "gamma": args.gamma})
+    if args.relaxed:
+        out["relaxed"] = ("atspeed_relaxed", {**base, "draft_beams": args.k, "gamma": args.gamma})
+    return out
+
+
+def run_arms(ctx: DecoderContext, batches: list[list[list[int]]], args) -> dict[str, list[DecodeResult]]:
+    spec = arms(args)
+    decoders = {name: (get_decoder(d), make_params(get_decoder(d), p)) for name, (d, p) in spec.items()}
+    names = list(decoders)
+    for name in names:  # warm-up
+        dec, params = decoders[name]
+        for hist in batches[: args.warmup]:
+            dec.decode(ctx, hist, params)
+    results: dict[str, list[tuple[float, DecodeResult]]] = {n: [] for n in names}
+    sync = torch.cuda.synchronize if ctx.device.type == "cuda" else (lambda: None)
+    for r in range(args.repeats):
+        for i, hist in enumerate(batches):
+            shift = (r + i) % len(names)
+            for name in names[shift:] + names[:shift]:
+                dec, params = decoders[name]
+                sync()
+                t0 = time.perf_counter_ns()
+                res = dec.decode(ctx, hist, params)
+                sync()
+                results[name].append(((time.perf_counter_ns() - t0) / 1e6, res))
+    return results
+
+
+def summarise(results, batches, args) -> dict[str, dict]:
+    beam_ms = np.median([ms for ms, _ in results["beam"]])
+    beam_codes = [res.codes for _, res in results["beam"]]
+    out = {}
+    for name, runs in results.items():
+        ms = np.array([m for m, _ in runs])
+        draft_ms = np.array([res.timings_ms.get("draft", 0.0) for _, res in runs])
+        users = sum(len(b) for b in batches) * args.repeats
+        row = {
+            "median_ms": float(np.median(ms)),
+            "p90_ms": float(np.percentile(ms, 90)),
+            "ws": float(beam_ms / np.median(ms)),
+            "free_draft_ceiling": float(beam_ms / np.median(ms - draft_ms)),
+            "phases_ms": {
+                ph: float(np.median([res.timings_ms.get(ph, 0.0) for _, res in runs]))
+                for ph in ("prefill", "draft", "verify", "decode", "system")
+            },
+        }
+        if name != "beam":
+            c = [res.counters for _, res in runs]
+            row["target_calls_per_batch"] = float(np.mean([x["target_calls"] for x in c]))
+            row["draft_calls_per_batch"] = float(np.mean([x["draft_calls"] for x in c]))
+            row["accepted_steps"] = float(
+                np.sum([x["accepted_steps"] * x["sd_steps"] for x in c])
+                / max(1, sum(x["sd_steps"] for x in c))
+            )
+            levels = sorted({k for x in c for k in x if k.startswith("acceptance_level_")})
+            row["acceptance"] = {k: float(np.mean([x.get(k, 0.0) for x in c])) for k in levels}
+            row["users"] = users
+        if name.startswith("strict"):
+            same = [bool(torch.equal(res.codes, ref)) for (_, res), ref in zip(runs, beam_codes)]
+            row["identical_to_beam"] = float(np.mean(same))
+        out[name] = row
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    ctx, ds, _ = load_context(args.model, args.data, args.device, draft_dir=args.draft)
+    examples = ds.eval_examples("test")[: args.users]
+    if not examples:
+        raise UserInputError("the dataset has no test users")
+    hist = [ex.history for ex in examples]
+    batches = [hist[i : i + args.batch_size] for i in range(0, len(hist), args.batch_size)]
+    results = run_arms(ctx, batches, args)
+    rows = summarise(results, batches, args)
+    for name, row in rows.items():
+        ph = row["phases_ms"]
+        extra = ""
+        if name != "beam":
+            extra = (
+                f"  AS {row['accepted_steps']:.2f}  target calls/batch {row['target_calls_per_batch']:.2f}"
+                f"  free-draft ceiling {row['free_draft_ceiling']:.2f}x"
+            )
+            if "identical_to_beam" in row:
+                extra += f"  identical {row['identical_to_beam']:.0%}"
+        print(
+            f"{name:12s} {row['median_ms']:8.2f} ms/batch  WS@{args.k} {row['ws']:.2f}x  "
+            f"(prefill {ph['prefill']:.2f}, draft {ph['draft']:.2f}, verify {ph['verify']:.2f}){extra}",
+            flush=True,
+        )
+    summary = {
+        "command": command_line(MODULE, argv),
+        "environment": asdict(current_environment(ctx.device)),
+        "args": vars(args),
+        "rows": rows,
+    }
+    if args.out:
+        atomic_write_text(args.out, json.dumps(summary, indent=2, default=str) + "\n")
+    return summary
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except UserInputError as e:
+        raise SystemExit(f"error: {e}") from None

@@ -1,0 +1,483 @@
+"""AtSpeed: speculative beam search with a small draft model (paper Algorithms 1 and 2, appendix A.3).
+
+One SD step for the users whose decided prefix has length t (users are grouped by t, so rows of a
+batch that accepted different numbers of levels stay correct):
+  1. draft: the draft model beam-searches gamma' = min(gamma, L - 1 - t) levels from the K decided
+     beams (N beams for strict, K sampled beams for relaxed);
+  2. verify: the target scores every drafted node in ONE `extend` over the flattened draft tree with a
+     tree mask (draft_tree.py; `tree_attention=False` is the "w/o TA" ablation: one call per level);
+  3. accept, level by level from t:
+     strict (Algorithm 1): the target's top-K at level t+j (over the children of its own top-K at
+       t+j-1) must all be among the drafted beams of that level; the first level where they are not
+       is the step's output, and the level after the last drafted one comes free from the same call.
+       The output equals the target's beam search with beam K exactly.
+     relaxed (Algorithm 2): each drafted sequence y is kept if p(y) >= q(y), else with probability
+       p(y)/q(y); at the first level with a rejection the missing sequences are resampled from
+       norm(max(0, p - q)) (kept ones excluded) and the step ends. p and q are the target's and the
+       draft's sequence distributions over the children of the decided beams.
+Scores are the target's cumulative log-probabilities. Any `constraint` masks both models' levels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import torch
+from torch import Tensor
+
+from genrec.workloads.decoding.base import DecoderContext, DecodeResult, PhaseTimer, register_decoder
+from genrec.workloads.decoding.beam_core import (
+    BeamStart,
+    GumbelSelector,
+    LevelChoice,
+    LevelProcessor,
+    finish_beams,
+    replay_processors,
+    run_beam_search,
+    select_beams,
+)
+from genrec.workloads.decoding.draft import require_draft
+from genrec.workloads.decoding.draft_tree import DraftLevel, DraftTree, verify_logits
+from genrec.workloads.decoding.params import BeamParams
+from genrec.workloads.decoding.processors import ConstraintProcessor
+from genrec.workloads.decoding.scorers import BackboneScorer, level_log_probs
+from genrec.workloads.errors import UserInputError
+from genrec.workloads.models.transformer import GRTransformer, KVCache
+from genrec.workloads.sid_codec import SIDCodec
+
+NEG_INF = float("-inf")
+
+
+@dataclass(frozen=True)
+class AtSpeedParams(BeamParams):
+    """beam_width is the target's beam K (the output equals its beam search for `atspeed_strict`)."""
+
+    draft_beams: int = 40  # N: the draft's beams per level (strict); relaxed drafts K sampled beams
+    gamma: int = 3  # levels drafted per SD step
+    tree_attention: bool = True  # False: verify each drafted level in its own target call (w/o TA)
+    seed: int = 0  # relaxed: the accept / resample randomness of one decode call
+
+    def validate(self) -> None:
+        super().validate()
+        if self.gamma < 1:
+            raise UserInputError(f"`gamma` must be >= 1, got {self.gamma}")
+        if self.draft_beams < self.beam_width:
+            raise UserInputError(
+                f"`draft_beams` (N = {self.draft_beams}) must be >= beam_width (K = {self.beam_width}): "
+                "strict verification needs every target top-K sequence among the N drafted ones"
+            )
+
+
+@dataclass
+class Models:
+    """Both models' prefill results for the batch."""
+
+    target: GRTransformer
+    draft: GRTransformer
+    target_root: Tensor  # [B, V] logits at the prompt's end
+    draft_root: Tensor
+    target_prompt: KVCache
+    draft_prompt: KVCache
+
+
+@dataclass
+class StepOutcome:
+    """One SD step's result for a group of G users."""
+
+    codes: Tensor  # [G, K, L] (valid up to `level`)
+    scores: Tensor  # [G, K] target cumulative log-probs
+    level: Tensor  # [G] levels decided after the step
+    accepted: Tensor  # [G] drafted levels accepted
+    verified: list[int] = field(default_factory=list)  # per drafted position j: users verified there
+    passed: list[int] = field(default_factory=list)  # ... and accepted there
+
+
+# --- drafting ------------------------------------------------------------------------------------------
+def draft_levels(
+    m: Models,
+    users: Tensor,
+    committed: Tensor,
+    target_scores: Tensor,
+    width: int,
+    gamma: int,
+    codec: SIDCodec,
+    processors: list[LevelProcessor],
+    select,
+    attention: str,
+) -> tuple[list[LevelChoice], Tensor, int]:
+    """The draft's beam search over `gamma` levels from the decided beams `committed` [G, w, t].
+
+    Returns the levels' choices, the draft's log-probabilities of the decided beams [G, w] and the
+    number of draft calls."""
+    g, w, t = committed.shape
+    prompt = m.draft_prompt.prompt_of(users)
+    root = m.draft_root.index_select(0, users)
+    if t == 0:  # from the empty prefix: an ordinary search start
+        scorer = BackboneScorer(m.draft, codec, root, prompt, width, attention)
+        res = run_beam_search(scorer, processors, g, width, gamma, root.device, select=select)
+        return res.choices, torch.zeros(g, 1, device=root.device), scorer.calls - 1
+    rows = torch.arange(width, device=root.device).clamp(max=w - 1)  # surplus rows repeat beam w-1, at -inf
+    codes = committed[:, rows]
+    alive = torch.isfinite(target_scores)[:, rows] & (torch.arange(width, device=root.device) < w)
+    cache = prompt.expand(width, codec.levels)
+    offsets = torch.tensor([codec.level_offset(l) for l in range(t)], device=root.device)
+    logits = m.draft.extend((codes + offsets).view(g * width, t), cache, None, attention).logits
+    score = prefix_log_prob(root, logits, codes, codec)
+    score = torch.where(alive, score, NEG_INF)
+    states = replay_processors(processors, codes, codec.codebook_sizes)
+    scorer = BackboneScorer(m.draft, codec, logits[:, -1], cache, width, attention, expanded=True)
+    res = run_beam_search(
+        scorer,
+        processors,
+        g,
+        width,
+        t + gamma,
+        root.device,
+        select=select,
+        start=BeamStart(t, score, codes, states),
+    )
+    return res.choices, score[:, :w], scorer.calls
+
+
+def prefix_log_prob(root: Tensor, logits: Tensor, codes: Tensor, codec: SIDCodec) -> Tensor:
+    """A model's log-probability [G, W] of prefixes `codes` [G, W, t] from its root logits [G, V] and its
+    logits at the prefix positions [G*W, t, V] (teacher forcing)."""
+    g, w, t = codes.shape
+    total = level_log_probs(root, *codec.level_range(0)).gather(1, codes[:, :, 0])
+    for level in range(1, t):
+        lp = level_log_probs(logits[:, level - 1], *codec.level_range(level)).view(g, w, -1)
+        total = total + lp.gather(2, codes[:, :, level : level + 1])[..., 0]
+    return total
+
+
+# --- verification ---------------------------------------------------------------------------------------
+def parent_log_probs(
+    m: Models, users: Tensor, tree: DraftTree, tree_logits: Tensor, j: int, beams: Tensor, codec: SIDCodec
+) -> Tensor:
+    """The target's level (t+j) log-probs [G, w, T] for the children of the beams `beams` [G, w]: drafted
+    beams of level j-1 (j >= 1), committed beams (j = 0, t >= 1) or the root (j = 0, t = 0)."""
+    level = tree.t + j
+    if j == 0 and tree.t == 0:
+        logits = m.target_root.index_select(0, users)[:, None]
+    else:
+        nodes = tree.committed_index(beams) if j == 0 else tree.drafted_index(j - 1, beams)
+        logits = tree_logits.gather(1, nodes[..., None].expand(-1, -1, tree_logits.shape[-1]))
+    return level_log_probs(logits, *codec.level_range(level))
+
+
+def apply_processors(processors, states, level: int, lp: Tensor, scores: Tensor) -> tuple[Tensor, list]:
+    g, w, t = lp.shape
+    flat = lp.reshape(g * w, t)
+    out = []
+    for proc, s in zip(processors, states):
+        flat, s = proc.apply(level, s, flat, scores.reshape(-1))
+        out.append(s)
+    return flat.view(g, w, t), out
+
+
+def advance_processors(processors, states, level: int, parent: Tensor, code: Tensor, w: int) -> list:
+    g = parent.shape[0]
+    rows = (torch.arange(g, device=parent.device)[:, None] * w + parent).reshape(-1)
+    return [proc.advance(level, s, rows, code.reshape(-1)) for proc, s in zip(processors, states)]
+
+
+def match_drafted(parent_ids: Tensor, code: Tensor, drafted: DraftLevel, drafted_alive: Tensor, t: int):
+    """Whether each (parent drafted id, code) beam [G, K] is among the level's drafted beams, and which."""
+    key = parent_ids * t + code
+    dkey = drafted.parent * t + drafted.code
+    hit = (key[:, :, None] == dkey[:, None, :]) & drafted_alive[:, None, :]
+    return hit.any(-1), hit.float().argmax(-1)
+
+
+def verify_strict(
+    m: Models,
+    users: Tensor,
+    tree: DraftTree,
+    choices: list[LevelChoice],
+    tree_logits: Tensor,
+    scores: Tensor,
+    k: int,
+    codec: SIDCodec,
+    processors: list[LevelProcessor],
+) -> StepOutcome:
+    """Algorithm 1 for a group: the target's beam search with beam K, level by level over the tree."""
+    g, w, t = tree.committed.shape
+    levels = codec.levels
+    device = scores.device
+    out = StepOutcome(
+        torch.zeros(g, k, levels, dtype=torch.long, device=device),
+        torch.full((g, k), NEG_INF, device=device),
+        torch.full((g,), t, dtype=torch.long, device=device),
+        torch.zeros(g, dtype=torch.long, device=device),
+    )
+    states = replay_processors(processors, tree.committed, codec.codebook_sizes)
+    codes, beams = tree.committed, torch.arange(w, device=device).expand(g, w)
+    active = torch.ones(g, dtype=torch.bool, device=device)
+    gamma = len(tree.levels)
+    for j in range(gamma + 1):
+        level = t + j
+        lp = parent_log_probs(m, users, tree, tree_logits, j, beams, codec)
+        lp, states = apply_processors(processors, states, level, lp, scores)
+        top, parent, code = select_beams(scores, lp, k)
+        codes = torch.cat([codes.gather(1, parent[..., None].expand(-1, -1, level)), code[..., None]], dim=2)
+        if j < gamma:
+            drafted = tree.levels[j]
+            alive = torch.isfinite(choices[j].scores)
+            found, index = match_drafted(beams.gather(1, parent), code, drafted, alive, lp.shape[-1])
+            accept = (found | ~torch.isfinite(top)).all(-1)
+            out.verified.append(int(active.sum()))
+            out.passed.append(int((active & accept).sum()))
+        else:
+            accept = torch.zeros(g, dtype=torch.bool, device=device)
+        finish = active & ~accept
+        out.codes[finish, :, : level + 1] = codes[finish]
+        out.scores[finish] = top[finish]
+        out.level[finish] = level + 1
+        out.accepted += (active & accept).long()
+        active &= accept
+        if not bool(active.any()):
+            break
+        states = advance_processors(processors, states, level, parent, code, lp.shape[1])
+        scores, beams = top, index
+    return out
+
+
+def verify_relaxed(
+    m: Models,
+    users: Tensor,
+    tree: DraftTree,
+    choices: list[LevelChoice],
+    tree_logits: Tensor,
+    scores: Tensor,
+    draft_scores: Tensor,
+    k: int,
+    codec: SIDCodec,
+    processors: list[LevelProcessor],
+    gen: torch.Generator,
+) -> StepOutcome:
+    """Algorithm 2 for a group: accept drafted sequences by p/q, resample from norm(max(0, p - q))."""
+    g, w, t = tree.committed.shape
+    levels = codec.levels
+    device = scores.device
+    out = StepOutcome(
+        torch.zeros(g, k, levels, dtype=torch.long, device=device),
+        torch.full((g, k), NEG_INF, device=device),
+        torch.full((g,), t, dtype=torch.long, device=device),
+        torch.zeros(g, dtype=torch.long, device=device),
+    )
+    states = replay_processors(processors, tree.committed, codec.codebook_sizes)
+    codes, beams = tree.committed, torch.arange(w, device=device).expand(g, w)
+    active = torch.ones(g, dtype=torch.bool, device=device)
+    gamma = len(tree.levels)
+    for j in range(gamma + 1):
+        level = t + j
+        lp = parent_log_probs(m, users, tree, tree_logits, j, beams, codec)
+        lp, states = apply_processors(processors, states, level, lp, scores)
+        tsize = lp.shape[-1]
+        p_log = torch.log_softmax((scores[:, :, None] + lp).view(g, -1), dim=-1)  # over the children
+        if j < gamma:
+            q_lp = choices[j].log_probs  # the draft's (processed) log-probs of the same parents
+            q_log = torch.log_softmax((draft_scores[:, :, None] + q_lp).view(g, -1), dim=-1)
+            drafted = tree.levels[j]
+            flat = drafted.parent * tsize + drafted.code  # [G, K] drafted sequences
+            alive = torch.isfinite(choices[j].scores)
+            ratio = torch.exp(p_log.gather(1, flat) - q_log.gather(1, flat))
+            r = torch.rand(ratio.shape, generator=gen, device=device)
+            keep = alive & (r <= ratio)
+            accept = (keep | ~alive).all(-1)
+            chosen, real = resample(p_log, q_log, flat, keep, k, gen)
+            out.verified.append(int(active.sum()))
+            out.passed.append(int((active & accept).sum()))
+        else:  # the level after the drafted ones: a target sampling-beam-search step
+            chosen, real = sample_without_replacement(p_log, k, gen)
+            accept = torch.zeros(g, dtype=torch.bool, device=device)
+        cand = (scores[:, :, None] + lp).view(g, -1)
+        top = torch.where(real, cand.gather(1, chosen), NEG_INF)
+        top, order = top.sort(dim=-1, descending=True)
+        chosen = chosen.gather(1, order)
+        parent, code = chosen // tsize, chosen % tsize
+        new_codes = torch.cat(
+            [codes.gather(1, parent[..., None].expand(-1, -1, level)), code[..., None]], dim=2
+        )
+        finish = active & ~accept
+        out.codes[finish, :, : level + 1] = new_codes[finish]
+        out.scores[finish] = top[finish]
+        out.level[finish] = level + 1
+        out.accepted += (active & accept).long()
+        active &= accept
+        if not bool(active.any()):
+            break
+        # all drafted sequences kept: the next level's parents are the drafted beams, in draft order
+        drafted = tree.levels[j]
+        flat = drafted.parent * tsize + drafted.code
+        codes = torch.cat(
+            [codes.gather(1, drafted.parent[..., None].expand(-1, -1, level)), drafted.code[..., None]], dim=2
+        )
+        states = advance_processors(processors, states, level, drafted.parent, drafted.code, lp.shape[1])
+        alive = torch.isfinite(choices[j].scores)
+        scores = torch.where(alive, (scores[:, :, None] + lp).view(g, -1).gather(1, flat), NEG_INF)
+        draft_scores = choices[j].scores
+        beams = torch.arange(k, device=device).expand(g, k)
+    return out
+
+
+def sample_without_replacement(log_p: Tensor, n: int, gen: torch.Generator) -> tuple[Tensor, Tensor]:
+    """n indices per row drawn without replacement from exp(log_p) (Gumbel-top-n), and whether each is a
+    real draw (False where a row has fewer than n candidates of positive probability)."""
+    u = torch.rand(log_p.shape, generator=gen, device=log_p.device).clamp_(min=1e-20)
+    m = min(n, log_p.shape[-1])
+    idx = (log_p - torch.log(-torch.log(u))).topk(m, dim=-1).indices
+    if m < n:
+        idx = torch.cat([idx, idx.new_zeros(idx.shape[0], n - m)], dim=-1)
+    ok = torch.isfinite(log_p.gather(1, idx)) & (torch.arange(n, device=idx.device) < m)
+    return idx, ok
+
+
+def resample(
+    p_log: Tensor, q_log: Tensor, drafted: Tensor, keep: Tensor, k: int, gen: torch.Generator
+) -> tuple[Tensor, Tensor]:
+    """The K sequences [G, K] of a rejected level and whether each slot is real: the kept drafted ones,
+    then draws from norm(max(0, p - q)) with the kept ones excluded. Beams must be distinct, so when
+    the residual has fewer sequences than the rejections (p <= q almost everywhere), the rest are drawn
+    from p itself, excluding every sequence already chosen (a deviation Algorithm 2 does not need, as
+    it samples with replacement)."""
+    residual = (p_log.exp() - q_log.exp()).clamp(min=0)
+    kept_cols = torch.where(keep, drafted, drafted.new_full((), -1))
+    residual = exclude(residual, kept_cols, 0.0)
+    res_draws, res_ok = sample_without_replacement(torch.where(residual > 0, residual.log(), NEG_INF), k, gen)
+    taken = torch.cat([kept_cols, torch.where(res_ok, res_draws, -1)], dim=1)
+    p_draws, p_ok = sample_without_replacement(exclude(p_log, taken, NEG_INF), k, gen)
+    order = torch.cat([drafted, res_draws, p_draws], dim=1)
+    ok = torch.cat([keep, res_ok, p_ok], dim=1)
+    first = torch.argsort((~ok).long(), dim=1, stable=True)[:, :k]  # real ones first, in that order
+    return order.gather(1, first), ok.gather(1, first)
+
+
+def exclude(values: Tensor, columns: Tensor, fill: float) -> Tensor:
+    """values [G, C] with `fill` at the given columns [G, n] (entries < 0 are ignored)."""
+    out = values.clone()
+    hit = columns >= 0
+    rows = torch.arange(values.shape[0], device=values.device)[:, None].expand_as(columns)
+    out[rows[hit], columns[hit]] = fill
+    return out
+
+
+# --- the decode loop --------------------------------------------------------------------------------------
+@dataclass
+class Counters:
+    target_calls: int = 1  # the prefill
+    draft_calls: int = 1
+    sd_steps: int = 0  # summed over users
+    accepted_levels: int = 0  # drafted levels accepted, summed over users
+    verified: list[int] = field(default_factory=list)
+    passed: list[int] = field(default_factory=list)
+
+    def add(self, outcome: StepOutcome, users: int) -> None:
+        self.sd_steps += users
+        self.accepted_levels += int(outcome.accepted.sum())
+        for j, (v, p) in enumerate(zip(outcome.verified, outcome.passed)):
+            if j >= len(self.verified):
+                self.verified.append(0)
+                self.passed.append(0)
+            self.verified[j] += v
+            self.passed[j] += p
+
+    def as_dict(self, k: int) -> dict[str, float]:
+        out = {
+            "target_calls": self.target_calls,
+            "draft_calls": self.draft_calls,
+            "sd_steps": self.sd_steps,
+            "accepted_steps": self.accepted_levels / max(1, self.sd_steps),  # AS@K: per SD step
+            "model_calls": self.target_calls,
+            "beams": k,
+        }
+        for j, (v, p) in enumerate(zip(self.verified, self.passed)):
+            out[f"acceptance_level_{j + 1}"] = p / v if v else 0.0
+        return out
+
+
+@torch.no_grad()
+def atspeed_decode(
+    ctx: DecoderContext, histories: list[list[int]], p: AtSpeedParams, relaxed: bool
+) -> DecodeResult:
+    p.validate()
+    name = "atspeed_relaxed" if relaxed else "atspeed_strict"
+    draft = require_draft(ctx, name)
+    codec, k, levels = ctx.codec, p.beam_width, ctx.codec.levels
+    timer = PhaseTimer(ctx.device)
+    with timer.phase("system"):
+        tokens, mask = ctx.prompts(histories)
+        processors = (
+            [ConstraintProcessor(ctx.constraints.mask_backend(p, ctx.device))] if p.constrained else []
+        )
+        gen = torch.Generator(device=ctx.device).manual_seed(p.seed)
+    with timer.phase("prefill"):
+        t_out, d_out = ctx.model.prefill(tokens, mask), draft.prefill(tokens, mask)
+    m = Models(ctx.model, draft, t_out.logits, d_out.logits, t_out.cache, d_out.cache)
+    b = tokens.shape[0]
+    codes = torch.zeros(b, k, levels, dtype=torch.long, device=ctx.device)
+    scores = torch.zeros(b, k, device=ctx.device)
+    level = torch.zeros(b, dtype=torch.long, device=ctx.device)
+    count = Counters()
+    while bool((level < levels).any()):
+        for t in sorted(set(level[level < levels].tolist())):
+            users = torch.nonzero(level == t).flatten()
+            outcome = sd_step(m, users, codes, scores, t, p, relaxed, codec, processors, gen, timer, count)
+            codes[users], scores[users], level[users] = outcome.codes, outcome.scores, outcome.level
+            count.add(outcome, len(users))
+    with timer.phase("system"):
+        top = finish_beams(ctx, codes, scores, p.k)
+    timings = dict(timer.ms)
+    timings["decode"] = timings.get("draft", 0.0) + timings.get("verify", 0.0)
+    counters = {**count.as_dict(k), "missing": top.missing}
+    return DecodeResult(top.codes, top.scores, top.item_ids, top.valid, timings, counters)
+
+
+def sd_step(m, users, codes, scores, t, p, relaxed, codec, processors, gen, timer, count) -> StepOutcome:
+    """One SD step for the users whose decided prefix has length t."""
+    g, k = len(users), p.beam_width
+    committed = codes[users, :, :t] if t else codes.new_zeros(g, 1, 0)
+    base = scores[users] if t else scores.new_zeros(g, 1)
+    gamma = min(p.gamma, codec.levels - 1 - t)
+    width = k if relaxed else p.draft_beams
+    select = GumbelSelector(gen) if relaxed else select_beams
+    choices: list[LevelChoice] = []
+    d_base = base.clone()
+    if gamma:
+        with timer.phase("draft"):
+            choices, d_base, calls = draft_levels(
+                m, users, committed, base, width, gamma, codec, processors, select, p.attention
+            )
+        count.draft_calls += calls
+    # beams the draft could not fill (-inf) point at beam 0, so every node's parent comes before it
+    tree = DraftTree(
+        committed, [DraftLevel(torch.where(torch.isfinite(c.scores), c.parent, 0), c.code) for c in choices]
+    )
+    with timer.phase("verify"):
+        prompt = m.target_prompt.prompt_of(users)
+        tree_logits, calls = verify_logits(m.target, prompt, tree, codec, p.tree_attention, p.attention)
+        count.target_calls += calls
+        if relaxed:
+            return verify_relaxed(
+                m, users, tree, choices, tree_logits, base, d_base, k, codec, processors, gen
+            )
+        return verify_strict(m, users, tree, choices, tree_logits, base, k, codec, processors)
+
+
+@register_decoder
+class AtSpeedStrict:
+    name: ClassVar[str] = "atspeed_strict"
+    Params: ClassVar[type] = AtSpeedParams
+
+    def decode(self, ctx: DecoderContext, histories: list[list[int]], params: AtSpeedParams) -> DecodeResult:
+        return atspeed_decode(ctx, histories, params, relaxed=False)
+
+
+@register_decoder
+class AtSpeedRelaxed:
+    name: ClassVar[str] = "atspeed_relaxed"
+    Params: ClassVar[type] = AtSpeedParams
+
+    def decode(self, ctx: DecoderContext, histories: list[list[int]], params: AtSpeedParams) -> DecodeResult:
+        return atspeed_decode(ctx, histories, params, relaxed=True)

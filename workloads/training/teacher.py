@@ -1,0 +1,321 @@
+"""AtSpeed teacher data: the target model's top-K SIDs for every draft training example, cached once.
+
+`genrec atspeed teacher` runs the target's beam search (or, with `sampling`, sampling beam search at
+temperature 1) once over the training examples and stores the K SIDs with their sequence
+log-probabilities in one Parquet file, so every draft objective (SeqKD, AtSpeed-S, AtSpeed-R) trains
+from the same cached data.
+
+Which prompts. Draft training cuts each user's train sequence into next-item windows
+(`inputs.training_windows(sequences, max_items)`, users in ascending id order, exactly as
+`trainer.train` does). Teacher example i belongs to training window i: its prompt is the window
+without its last item (the history before the window's last target, at most `max_items` items) and
+`target_item` is that last item. The trainer checks row by row that the file's prompts are its own
+windows' prompts, so a file built for other windows (another dataset, another `max_items`, rows
+shifted by one) is refused instead of silently misaligning teacher and example.
+
+The search is constrained to catalogue items (`constraint="all"`: the paper's constrained top-K),
+with beam width K and k = K; rows keep the decoder's order (best first). For `sampling`, each batch
+of `batch_size` examples is decoded with seed `seed + batch number`, so a file is reproducible for
+the same seed and batch size (recorded in the manifest).
+
+File layout: one row per example, in example order,
+    example      int64              the example (training window) index, 0..N-1
+    user_id      int64
+    prompt       list<int64>        the prompt's item ids, oldest first
+    target_item  int64              the item the window predicts there (ground truth)
+    codes        list<list<int64>>  [K][L] the target's SIDs, best first
+    logprobs     list<float64>      [K] their sequence log-probabilities under the target
+    kind         string             beam | sample
+and the manifest (target path, dataset, k, kind, seed, batch size, max_items, codec) as JSON in the
+Parquet schema metadata under `genrec.teacher`. Written to a temporary sibling, then renamed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from tqdm.auto import tqdm
+
+from genrec.workloads.data.dataset import Dataset
+from genrec.workloads.decoding.base import DecoderContext, get_decoder, make_params
+from genrec.workloads.errors import UserInputError
+from genrec.workloads.models.inputs import training_windows
+from genrec.workloads.sid_codec import SIDCodec
+
+MANIFEST_KEY = b"genrec.teacher"
+FORMAT = "genrec-atspeed-teacher"
+FORMAT_VERSION = 1
+KINDS = ("beam", "sample")
+COLUMNS = ("example", "user_id", "prompt", "target_item", "codes", "logprobs", "kind")
+
+
+@dataclass(frozen=True)
+class TeacherExample:
+    """One draft training example: training window `index`, its prompt and the item after it."""
+
+    index: int
+    user_id: int
+    prompt: list[int]  # item ids, oldest first
+    target_item: int
+
+
+def teacher_examples(ds: Dataset, max_items: int) -> list[TeacherExample]:
+    """One example per next-item training window, in the trainer's window order (see module doc)."""
+    out: list[TeacherExample] = []
+    for user, seq in ds.user_sequences(("train",)).items():  # ascending user id, as the trainer's
+        for window, _ in training_windows([seq], max_items):
+            out.append(TeacherExample(len(out), int(user), list(window[:-1]), int(window[-1])))
+    return out
+
+
+@dataclass
+class TeacherData:
+    """A loaded teacher file: arrays indexed by example (= training window) number."""
+
+    path: Path
+    manifest: dict[str, Any]
+    user_id: np.ndarray  # [N]
+    prompts: list[list[int]]
+    target_item: np.ndarray  # [N]
+    codes: np.ndarray  # [N, K, L] int64, best first
+    logprobs: np.ndarray  # [N, K] float64
+
+    @property
+    def k(self) -> int:
+        return int(self.codes.shape[1])
+
+    @property
+    def kind(self) -> str:
+        return str(self.manifest["kind"])
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+
+def build_teacher_data(
+    target_ctx: DecoderContext,
+    dataset: Dataset,
+    k: int,
+    out_path: str | os.PathLike,
+    sampling: bool = False,
+    seed: int = 0,
+    batch_size: int = 64,
+    max_items: int | None = None,
+    target_path: str | os.PathLike = "",
+    progress: bool = True,
+) -> Path:
+    """Decode every training example with the target and write the teacher file (see module doc).
+
+    `max_items` is the draft's prompt window (default: the target's); it may not exceed the
+    target's, or the target would see a shorter history than the draft is trained on.
+    """
+    out_path = Path(out_path)
+    max_items = target_ctx.max_items if max_items is None else max_items
+    check_build_args(target_ctx, dataset, k, out_path, batch_size, max_items)
+    examples = teacher_examples(dataset, max_items)
+    if not examples:
+        raise UserInputError(
+            f"{dataset.root}: no user has two or more train interactions, so there are no training "
+            "examples to build teacher data for"
+        )
+    kind = "sample" if sampling else "beam"
+    decoder = get_decoder("beam_sample" if sampling else "beam")
+    base = {"beam_width": k, "k": k, "constraint": "all"}
+    codes, logprobs = [], []
+    starts = range(0, len(examples), batch_size)
+    for number, start in enumerate(
+        tqdm(starts, disable=not progress, desc=f"teacher {kind} K={k}", unit="batch", dynamic_ncols=True)
+    ):
+        chunk = examples[start : start + batch_size]
+        params = make_params(decoder, {**base, "seed": seed + number} if sampling else base)
+        res = decoder.decode(target_ctx, [ex.prompt for ex in chunk], params)
+        valid = res.valid.cpu().numpy()
+        if not valid.all():
+            row = chunk[int(np.argwhere(~valid.all(axis=1))[0, 0])].index
+            raise UserInputError(
+                f"the target returned fewer than {k} catalogue items for example {row}; lower --k"
+            )
+        codes.append(res.codes.cpu().numpy().astype(np.int64))
+        logprobs.append(res.scores.float().cpu().numpy().astype(np.float64))
+    manifest = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "target": str(Path(target_path).resolve()) if target_path else "",
+        "dataset": str(Path(dataset.root).resolve()),
+        "dataset_name": dataset.manifest.name,
+        "k": k,
+        "kind": kind,
+        "seed": seed,
+        "batch_size": batch_size,
+        "max_items": max_items,
+        "constraint": "all",
+        "codebook_sizes": list(dataset.codec.codebook_sizes),
+        "examples": len(examples),
+    }
+    table = teacher_table(examples, np.concatenate(codes), np.concatenate(logprobs), kind, manifest)
+    return write_parquet_atomic(table, out_path)
+
+
+def check_build_args(
+    ctx: DecoderContext, ds: Dataset, k: int, out_path: Path, batch_size: int, max_items: int
+) -> None:
+    if k < 1:
+        raise UserInputError(f"--k must be >= 1, got {k}")
+    if k > len(ctx.item_codes):
+        raise UserInputError(f"--k {k} exceeds the catalogue's {len(ctx.item_codes)} items; lower --k")
+    if batch_size < 1:
+        raise UserInputError(f"--batch-size must be >= 1, got {batch_size}")
+    if not 1 <= max_items <= ctx.max_items:
+        raise UserInputError(
+            f"--max-items {max_items} must be in 1..{ctx.max_items} (the target's prompt window)"
+        )
+    if out_path.suffix != ".parquet":
+        raise UserInputError(f"--out {out_path}: name a .parquet file")
+    if tuple(ds.codec.codebook_sizes) != tuple(ctx.codec.codebook_sizes):
+        raise UserInputError(
+            f"dataset {ds.root} has codebook sizes {ds.codec.codebook_sizes}, the target "
+            f"{ctx.codec.codebook_sizes}; build teacher data on the target's dataset"
+        )
+
+
+def teacher_table(
+    examples: list[TeacherExample], codes: np.ndarray, logprobs: np.ndarray, kind: str, manifest: dict
+) -> pa.Table:
+    n, k, levels = codes.shape
+    if n != len(examples) or logprobs.shape != (n, k):
+        raise ValueError(f"{len(examples)} examples but codes {codes.shape} and logprobs {logprobs.shape}")
+    table = pa.table(
+        {
+            "example": pa.array([ex.index for ex in examples], pa.int64()),
+            "user_id": pa.array([ex.user_id for ex in examples], pa.int64()),
+            "prompt": pa.array([ex.prompt for ex in examples], pa.list_(pa.int64())),
+            "target_item": pa.array([ex.target_item for ex in examples], pa.int64()),
+            "codes": _lists(_lists(pa.array(codes.reshape(-1), pa.int64()), levels), k),
+            "logprobs": _lists(pa.array(logprobs.reshape(-1), pa.float64()), k),
+            "kind": pa.array([kind] * n, pa.string()),
+        }
+    )
+    return table.replace_schema_metadata({MANIFEST_KEY: json.dumps(manifest, sort_keys=True).encode()})
+
+
+def _lists(values: pa.Array, size: int) -> pa.ListArray:
+    """Equal-length lists of `size` consecutive values (plain lists: any Parquet reader takes them)."""
+    offsets = pa.array(np.arange(len(values) // size + 1, dtype=np.int32) * size, pa.int32())
+    return pa.ListArray.from_arrays(offsets, values)
+
+
+def write_parquet_atomic(table: pa.Table, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    os.close(fd)
+    try:
+        pq.write_table(table, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def load_teacher(path: str | os.PathLike) -> TeacherData:
+    """Read a teacher file, checking its layout (every row K SIDs of L codes, rows in example order)."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserInputError(f"{path}: no such teacher file; build one with `genrec atspeed teacher`")
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowInvalid, OSError) as e:
+        raise UserInputError(
+            f"{path}: not a Parquet file ({e}); rebuild it with `genrec atspeed teacher`"
+        ) from e
+    raw = (table.schema.metadata or {}).get(MANIFEST_KEY)
+    missing = [c for c in COLUMNS if c not in table.column_names]
+    if raw is None or missing:
+        raise UserInputError(
+            f"{path}: not a teacher file (missing {missing or 'its manifest'}); "
+            "build one with `genrec atspeed teacher`"
+        )
+    manifest = json.loads(raw)
+    if manifest.get("format") != FORMAT or manifest.get("format_version") != FORMAT_VERSION:
+        raise UserInputError(
+            f"{path}: teacher format {manifest.get('format')!r} v{manifest.get('format_version')}, "
+            f"expected {FORMAT!r} v{FORMAT_VERSION}; rebuild it"
+        )
+    n, k, levels = table.num_rows, int(manifest["k"]), len(manifest["codebook_sizes"])
+    example = table.column("example").to_numpy()
+    if not np.array_equal(example, np.arange(n)):
+        raise UserInputError(f"{path}: rows are not in example order 0..{n - 1}; rebuild the file")
+    codes_col = table.column("codes").combine_chunks()
+    inner = codes_col.flatten()
+    lp_col = table.column("logprobs").combine_chunks()
+    shapes_ok = (
+        n > 0
+        and pc.all(pc.equal(pc.list_value_length(codes_col), k)).as_py()
+        and pc.all(pc.equal(pc.list_value_length(inner), levels)).as_py()
+        and pc.all(pc.equal(pc.list_value_length(lp_col), k)).as_py()
+    )
+    if not shapes_ok:
+        raise UserInputError(f"{path}: every row must hold {k} SIDs of {levels} codes and {k} log-probs")
+    return TeacherData(
+        path=path,
+        manifest=manifest,
+        user_id=table.column("user_id").to_numpy(),
+        prompts=table.column("prompt").to_pylist(),
+        target_item=table.column("target_item").to_numpy(),
+        codes=inner.flatten().to_numpy().astype(np.int64).reshape(n, k, levels),
+        logprobs=lp_col.flatten().to_numpy().astype(np.float64).reshape(n, k),
+    )
+
+
+def check_teacher_matches(
+    teacher: TeacherData,
+    windows: list[tuple[list[int], int]],
+    codec: SIDCodec,
+    item_codes: np.ndarray,
+    max_items: int,
+    target: str | os.PathLike = "",
+) -> None:
+    """Refuse a teacher file that was not built for these training windows, codec, items or target.
+
+    Row i must hold the prompt of window i (the window without its last item) and that last item:
+    checked for every row, so a shifted file (the off-by-one of the reference code) cannot train.
+    Every teacher SID must be a catalogue item (`item_codes` [num_items, L]).
+    """
+    m, where = teacher.manifest, teacher.path
+    if tuple(m["codebook_sizes"]) != codec.codebook_sizes:
+        raise UserInputError(
+            f"{where}: built for codebook sizes {m['codebook_sizes']}, the dataset has "
+            f"{list(codec.codebook_sizes)}; rebuild the teacher file on this dataset"
+        )
+    if int(m["max_items"]) != max_items:
+        raise UserInputError(
+            f"{where}: built with max_items {m['max_items']}, the draft trains with {max_items}; "
+            f"pass --max-items {m['max_items']} or rebuild the teacher file"
+        )
+    if len(teacher) != len(windows):
+        raise UserInputError(
+            f"{where}: {len(teacher)} rows, but the dataset has {len(windows)} training windows; "
+            "rebuild the teacher file on this dataset"
+        )
+    for i, (window, _) in enumerate(windows):
+        if teacher.prompts[i] != list(window[:-1]) or int(teacher.target_item[i]) != window[-1]:
+            raise UserInputError(
+                f"{where}: row {i} holds another example's prompt than training window {i} "
+                "(rows shifted or another dataset); rebuild the teacher file"
+            )
+    if not np.isin(codec.codes_to_keys(teacher.codes), codec.codes_to_keys(item_codes)).all():
+        raise UserInputError(f"{where}: holds SIDs that are no catalogue item; rebuild it on this dataset")
+    if target and m.get("target") and Path(target).resolve() != Path(m["target"]):
+        raise UserInputError(
+            f"{where}: built from target {m['target']}, but --target is {target}; "
+            "pass that target or rebuild the teacher file"
+        )
