@@ -20,7 +20,7 @@ $(VENV)/.installed: pyproject.toml
 
 demo: setup
 	$(BIN)/genrec data synth --out $(RUNS)/data/synth --seed 0 --overwrite
-	$(BIN)/genrec train --data $(RUNS)/data/synth --model tiny --out $(RUNS)/models/tiny --epochs 8
+	$(BIN)/genrec train --data $(RUNS)/data/synth --model tiny --out $(RUNS)/models/tiny --epochs 8 --overwrite
 	$(BIN)/genrec eval --model $(RUNS)/models/tiny --decoder beam --beam-width 10 --k 5 10 --quiet
 	$(BIN)/genrec sweep experiments/beam_width.yaml --overwrite
 

@@ -123,12 +123,20 @@ def _sort_token(value: object) -> tuple[int, float, str]:
     return (2, 0.0, str(value))
 
 
+def one_row_per_seed(g: pd.DataFrame, seeds_col: str) -> pd.DataFrame:
+    """The last row of each seed: two rows of one seed (a sweep that ran twice into the same results)
+    are one measurement, not two, and must not count as a second seed or make an error bar."""
+    seeded = g[seeds_col].notna()
+    one_each = g[seeded].drop_duplicates(seeds_col, keep="last")
+    return one_each if seeded.all() else pd.concat([one_each, g[~seeded]])
+
+
 def aggregate_over_seeds(df: pd.DataFrame, context: Sequence[str] | None = None) -> pd.DataFrame:
     """One row per (configuration, setting): mean, sample std (ddof=1) and count over seeds.
 
     `context` names the non-parameter columns that separate settings; by default the context
     columns that vary in `df` (so one experiment on one dataset and device needs none). Output
-    columns: config, setting, label, decoder, the parameter columns, the context columns, n (rows),
+    columns: config, setting, label, decoder, the parameter columns, the context columns, n (distinct seeds),
     seeds ('0,1,2'), and for every metric column M: M (mean) and M_std (NaN for a single row).
     """
     if df.empty:
@@ -146,6 +154,8 @@ def aggregate_over_seeds(df: pd.DataFrame, context: Sequence[str] | None = None)
     seeds_col = "seed" if "seed" in work.columns else None
     rows = []
     for (config, setting), g in work.groupby(["config", "setting"], sort=False, dropna=False):
+        if seeds_col:
+            g = one_row_per_seed(g, seeds_col)
         first = g.iloc[0]
         row: dict[str, object] = {
             "config": config,
@@ -155,7 +165,7 @@ def aggregate_over_seeds(df: pd.DataFrame, context: Sequence[str] | None = None)
         }
         row.update({c: first[c] for c in params})
         row.update({c: first[c] for c in ctx})
-        row["n"] = len(g)
+        row["n"] = len(g)  # distinct seeds (rows without a seed count one each)
         row["seeds"] = (
             ",".join(format_value(s) for s in sorted(g[seeds_col].dropna().unique())) if seeds_col else ""
         )

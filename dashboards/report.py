@@ -654,12 +654,16 @@ def build_report(
             f"(or `genrec eval ...`) first, or pick one of the known experiments: {known}"
         )
     if "benchmark" in df.columns:  # benchmark rows: NEZHA arms (issue 6), MaRI (issue 7), generic lines
+        from genrec.dashboards.atspeed import build_atspeed_report, is_atspeed_frame
         from genrec.dashboards.mari import build_mari_report, is_mari_frame
         from genrec.dashboards.nezha import build_nezha_report, is_nezha_frame
 
         if is_nezha_frame(df):  # issue 6's arms: per-arm table, quality / latency bars, paired t-tests
             out = Path(out_html) if out_html is not None else default_out_path(results_dir, experiment)
             return build_nezha_report(df, out, title or f"genrec report: {experiment or 'NEZHA arms'}")
+        if is_atspeed_frame(df):  # issue 16: Table 1, acceptance, N / gamma, ablations, Table 2
+            out = Path(out_html) if out_html is not None else default_out_path(results_dir, experiment)
+            return build_atspeed_report(df, out, title or f"genrec report: {experiment or 'AtSpeed'}")
         if is_mari_frame(df):
             out = Path(out_html) if out_html is not None else default_out_path(results_dir, experiment)
             return build_mari_report(df, out, title or f"genrec report: {experiment or 'MaRI benchmarks'}")

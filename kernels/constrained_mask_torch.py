@@ -15,8 +15,14 @@ Returns (mask [R, vocab] bool, child tokens [R, branch] int32, child states [R, 
 `vntk_apply` is the same kernel fused with the masking (what decoding uses): the valid children's
 log-probs are scattered into a -inf tensor, so no bool mask and no separate masked fill are needed.
 
+`csr_candidates` is the sparse form (what decoding uses on CSR levels): the same speculative read,
+but only the [R, B] log-probs of each beam's slots are gathered (-inf on slots past the child count),
+with the slots' tokens and edges; nothing of size [R, vocab] is written, and the beam selection then
+ranks w * B candidates per user instead of w * vocab. It is written for few, cheap torch ops (about
+ten per level), since on a CPU a level's cost at small B is the per-op overhead.
+
 `select_next_state` is the state advance after beam selection: the chosen token's next state, found
-among the parent's slots.
+among the parent's slots (with sparse candidates, the chosen slot's edge gives it directly).
 """
 
 from __future__ import annotations
@@ -61,6 +67,50 @@ def vntk_apply(
     src = torch.where(valid, log_probs.gather(1, col), float("-inf"))
     out = torch.full_like(log_probs, float("-inf")).scatter_reduce_(1, col, src, "amax")
     return out, tok, nxt
+
+
+def row_bounds(row_ptr: torch.Tensor) -> torch.Tensor:
+    """[S, 2] view of row_ptr [S + 1] whose row s is (first edge, end) of state s: one gather reads both."""
+    return row_ptr.as_strided((row_ptr.numel() - 1, 2), (1, 1))
+
+
+def packed_edges(edges: torch.Tensor) -> torch.Tensor:
+    """[E] int64 view of the contiguous [E, 2] int32 (token, next state) rows: gathering 8-byte scalars
+    is several times faster than gathering 2-wide rows, and viewing the result back as int32 pairs
+    restores them bit for bit (whatever the byte order)."""
+    return edges.view(torch.int64).view(-1)
+
+
+def csr_candidates(
+    log_probs: torch.Tensor,
+    states: torch.Tensor,
+    bounds: torch.Tensor,
+    edges64: torch.Tensor,
+    slots: torch.Tensor,
+    token_limit: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sparse VNTK: (log-probs [R, B], tokens [R, B] int32, edges read [R, B, 2] int32).
+
+    `bounds` = row_bounds(row_ptr), `edges64` = packed_edges(edges), `slots` = arange(B) (int32, on
+    the device). Slot j of row r reads edge row_ptr[s_r] + j; it is a child of s_r iff that edge is
+    below the row's end, else its log-prob is -inf and its token and edge are whatever the read found
+    (in bounds thanks to the edge padding). `token_limit` clamps the tokens read (a level whose codebook
+    is smaller than a later level's, see TransitionMatrix.clamps_tokens), so every token indexes
+    `log_probs`."""
+    bound = bounds.index_select(0, states)  # [R, 2]
+    idx = bound[:, :1] + slots  # [R, B] edge index of each slot
+    pair = edges64.index_select(0, idx.view(-1)).view(torch.int32).view(idx.shape[0], slots.numel(), 2)
+    tok = pair[..., 0] if token_limit is None else pair[..., 0].clamp(max=token_limit - 1)
+    cand = log_probs.gather(1, tok.long())
+    return cand.masked_fill_(idx >= bound[:, 1:], float("-inf")), tok, pair
+
+
+def dense_from_candidates(log_probs: torch.Tensor, tokens: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Sparse candidates ([R, B] log-probs, -inf on empty slots, and their tokens) as [R, vocab] log-probs."""
+    out = log_probs.new_full((log_probs.shape[0], vocab + 1), float("-inf"))
+    # empty slots write to a spare column, so a repeated token can never overwrite a real child's
+    col = torch.where(torch.isfinite(log_probs), tokens.long(), vocab)
+    return out.scatter_(1, col, log_probs)[:, :vocab]
 
 
 def select_next_state(

@@ -120,9 +120,16 @@ def causal_tree_mask(rows: int, n: int, device: torch.device | str = "cpu") -> T
 AttentionFn = Callable[..., Tensor]
 
 
+def _triton_backend() -> AttentionFn:
+    # imported on first use: CPU installs without triton still import this module (and the model)
+    from genrec.kernels.shared_prefix_attention_triton import shared_prefix_attention
+
+    return shared_prefix_attention
+
+
 _BACKENDS: dict[str, Callable[[], AttentionFn]] = {
-    # xGR's Triton staged kernel registers here as "triton" (imported lazily: CPU installs lack triton)
     "torch": lambda: shared_prefix_attention_torch,
+    "triton": _triton_backend,  # xGR's staged kernels (shared_prefix_attention_triton)
 }
 ATTENTION_BACKENDS = tuple(_BACKENDS)
 

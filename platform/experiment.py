@@ -784,10 +784,16 @@ def check_inputs(cfg: ExperimentConfig) -> None:
             f"`model.checkpoint`: {ckpt} holds no checkpoint (config.json + model.safetensors); create it "
             f"with `genrec train --data {data} --model tiny --out {ckpt}`, or use `model: {{train: ...}}`"
         )
-    try:
-        ckpt_sizes = json.loads((ckpt / "config.json").read_text())["codec"]["codebook_sizes"]
-    except (ValueError, KeyError) as e:
-        raise UserInputError(f"`model.checkpoint`: {ckpt}/config.json is unreadable ({e})") from None
+    from genrec.workloads.models.checkpoint import read_checkpoint_config
+
+    try:  # the loader's own checks and messages (the pre-flight loads the weights before Ray starts)
+        ckpt_sizes = (read_checkpoint_config(ckpt / "config.json")["codec"] or {})["codebook_sizes"]
+    except UserInputError as e:
+        raise UserInputError(f"`model.checkpoint`: {e}") from None
+    except (TypeError, KeyError) as e:
+        raise UserInputError(
+            f"`model.checkpoint`: {ckpt}/config.json: `codec` holds no codebook_sizes ({e!r}); retrain it"
+        ) from None
     if list(ckpt_sizes) != list(sizes):
         raise UserInputError(
             f"`model.checkpoint`: {ckpt} was trained for codebook sizes {ckpt_sizes}, but the dataset "

@@ -43,7 +43,7 @@ from genrec.workloads.metrics import latency_summary
 
 OUTCOMES = ("answered", "rejected", "error", "timeout")
 REJECT_STATUSES = frozenset({429, 503})  # the server shed load: it asks the client to retry later
-TIMEOUT_STATUSES = frozenset({504})
+TIMEOUT_STATUSES = frozenset({504, 408})  # 408: the body did not arrive in time (a client that stalls)
 LOADTEST_KIND = "loadtest"
 DEFAULT_MAX_UNANSWERED = 0.01
 

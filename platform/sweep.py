@@ -58,6 +58,7 @@ from genrec.platform.actors import cached_host
 from genrec.platform.benchmark_trial import run_benchmark_trial
 from genrec.platform.experiment import ExperimentConfig, TrialSpec
 from genrec.platform.tracking import (
+    ExperimentLock,
     MlflowStore,
     delete_rows,
     parquet_root,
@@ -348,18 +349,67 @@ def clear_experiment(cfg: ExperimentConfig) -> None:
     delete_rows(cfg.results_dir, cfg.name)
 
 
+class SweepInterrupted(Exception):
+    """Ctrl-C (SIGINT) stopped the sweep; the rows written so far are kept for `--resume`."""
+
+
+class _TuneInterruptWatch(logging.Filter):
+    """Tune catches the first SIGINT itself, saves its state and returns from `fit()` as if done,
+    logging a `Tuner.restore(...)` hint. This filter notices that record (so the sweep can say it was
+    interrupted and exit 130) and drops it: genrec's own resume command is printed instead."""
+
+    MARKERS = ("Stop signal received", "has been interrupted", "Tuner.restore(")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.interrupted = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if any(m in record.getMessage() for m in self.MARKERS):
+            self.interrupted = True
+            return False
+        return True
+
+
+def preflight(cfg: ExperimentConfig, ray_address: str | None = None) -> None:
+    """Load the checkpoint, the dataset and the draft once in the driver, on the CPU, before Ray
+    starts: a corrupt or mismatched file fails here with one message naming it, not in every trial."""
+    if cfg.benchmark is not None:
+        return
+    from genrec.platform.commands.common import check_device
+    from genrec.workloads.evaluation import load_context
+
+    if resolve_ray_address(cfg, ray_address) == "local":  # a cluster's GPUs are not this machine's
+        check_device(cfg.eval.device, "`eval.device`")
+    load_context(cfg.model.path, cfg.dataset.path, "cpu", draft_dir=cfg.draft)
+
+
 def run_sweep(
     cfg: ExperimentConfig,
     resume: bool = False,
     overwrite: bool = False,
     progress: bool = True,
     ray_address: str | None = None,
+    resume_hint: str = "",
+) -> SweepSummary:
+    """Run (or resume) the sweep holding the experiment's lock, so a second sweep of the same
+    experiment exits with a message instead of mixing its rows with this one's."""
+    lock = ExperimentLock(cfg.results_dir, cfg.name).acquire(resume_hint)  # before anything is written
+    try:
+        return _run_sweep_locked(cfg, resume, overwrite, progress, ray_address)
+    finally:
+        lock.release()
+
+
+def _run_sweep_locked(
+    cfg: ExperimentConfig, resume: bool, overwrite: bool, progress: bool, ray_address: str | None
 ) -> SweepSummary:
     wall_clock_start = time.time()
     summary = SweepSummary(cfg.name, trials_total=cfg.num_trials())
     restore = plan_storage(cfg, resume, overwrite)  # refuses before anything is written
     summary.resumed = restore
     ensure_model(cfg, progress)
+    preflight(cfg, ray_address)
     t_start = time.perf_counter()  # the sweep's wall time: from here (Ray's start included) to the last row
 
     address = resolve_ray_address(cfg, ray_address)
@@ -430,7 +480,15 @@ def run_sweep(
             flush=True,
         )
 
-    results = tuner.fit()
+    watch = _TuneInterruptWatch()
+    tune_log = logging.getLogger("ray.tune.tune")
+    tune_log.addFilter(watch)
+    try:
+        results = tuner.fit()
+    finally:
+        tune_log.removeFilter(watch)
+    if watch.interrupted:
+        raise SweepInterrupted(cfg.name)
 
     rows = {r["run_id"]: r for r in read_rows(cfg.results_dir, cfg.name)}
     for result in results:

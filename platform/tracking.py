@@ -16,8 +16,11 @@ folder by default, or any tracking server named by URI. mlflow is imported only 
 
 from __future__ import annotations
 
+import fcntl
+import json
 import os
 import re
+import socket
 import tempfile
 import time
 from pathlib import Path
@@ -25,6 +28,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from genrec.workloads.errors import UserInputError
+from genrec.workloads.io import clean_stale_temps, temp_prefix
 from genrec.workloads.results import RESULT_SCHEMA_VERSION, ResultRow
 from genrec.workloads.results_store import (
     DEFAULT_RESULTS_DIR,
@@ -42,6 +47,8 @@ from genrec.workloads.results_store import (
 __all__ = [
     "CREATED_TAG",
     "DEFAULT_RESULTS_DIR",
+    "ExperimentBusy",
+    "ExperimentLock",
     "KIND_TAG",
     "PARAM_COLUMNS",
     "RUN_ID_TAG",
@@ -76,7 +83,8 @@ def write_result_row(results_dir: str | os.PathLike, row: ResultRow | dict) -> P
 def write_parquet_atomic(table: pa.Table, path: Path) -> Path:
     """Write a Parquet file under a temporary name and rename it: readers never see half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp", dir=path.parent)
+    clean_stale_temps(path)  # what a killed writer of this row left behind
+    fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path), dir=path.parent)
     os.close(fd)
     try:
         pq.write_table(table, tmp)
@@ -93,6 +101,78 @@ def delete_rows(results_dir: str | os.PathLike, experiment: str) -> int:
     for f in files:
         f.unlink()
     return len(files)
+
+
+# --- one sweep per experiment --------------------------------------------------------------------
+class ExperimentBusy(UserInputError):
+    """Another process holds the experiment's lock (a second sweep of the same experiment)."""
+
+
+class ExperimentLock:
+    """An exclusive lock on one experiment of a results folder: RESULTS/locks/<experiment>.lock.
+
+    A sweep takes it before it deletes or writes anything and keeps it until it ends, so two sweeps
+    of one experiment never mix rows. `flock` is released by the kernel when the holder dies (even
+    SIGKILL), so a killed sweep never leaves a stale lock behind, and `--resume` can take it at once.
+    The file holds the holder's pid, host and start time for the message a second sweep prints.
+    """
+
+    def __init__(self, results_dir: str | os.PathLike, experiment: str) -> None:
+        self.path = Path(results_dir).resolve() / "locks" / f"{check_experiment_name(experiment)}.lock"
+        self.experiment = experiment
+        self.fd: int | None = None
+
+    def acquire(self, how_to_resume: str = "") -> ExperimentLock:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise ExperimentBusy(self.busy_message(how_to_resume)) from None
+        holder = {"pid": os.getpid(), "host": socket.gethostname(), "started_at": time.time()}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
+        self.fd = fd
+        return self
+
+    def busy_message(self, how_to_resume: str) -> str:
+        holder = self.holder()
+        who = f"pid {holder.get('pid')} on {holder.get('host')}" if holder else "another process"
+        since = ""
+        if holder.get("started_at"):
+            since = f" since {time.strftime('%H:%M:%S', time.localtime(float(holder['started_at'])))}"
+        resume = f", or stop it and run {how_to_resume}" if how_to_resume else ""
+        return (
+            f"experiment {self.experiment!r} is already being swept by {who}{since} (lock {self.path}); "
+            f"wait for that sweep to finish{resume}"
+        )
+
+    def holder(self) -> dict:
+        """The holder's record; it is written just after the lock is taken, so retry briefly."""
+        for _ in range(20):
+            try:
+                text = self.path.read_text()
+                if text.strip():
+                    return json.loads(text)
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.025)
+        return {}
+
+    def release(self) -> None:
+        if self.fd is not None:
+            # the file stays: unlinking it would let a third sweep lock a new inode while a second
+            # still waits on the old one
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+            self.fd = None
+
+    def __enter__(self) -> ExperimentLock:
+        return self.acquire() if self.fd is None else self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
 
 
 # --- MLflow --------------------------------------------------------------------------------------

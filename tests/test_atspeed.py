@@ -28,6 +28,13 @@ def random_model(codec, seed, dim=16, std=0.5):
     return m.eval()
 
 
+def cold_every_third(rng, n):
+    """Train counts with a zero every third item, so the cold-start set is never empty."""
+    popularity = rng.integers(0, 3, n)
+    popularity[::3] = 0
+    return popularity
+
+
 def make_ctx(sizes, seed, draft="random"):
     codec = SIDCodec(tuple(sizes))
     rng = np.random.default_rng(seed)
@@ -40,7 +47,7 @@ def make_ctx(sizes, seed, draft="random"):
         "untrained": random_model(codec, 7, 8, 0.02),
     }
     return DecoderContext(
-        target, codec, np.asarray(items), 4, rng.integers(0, 3, len(items)), None, drafts[draft]
+        target, codec, np.asarray(items), 4, cold_every_third(rng, len(items)), None, drafts[draft]
     )
 
 
@@ -245,3 +252,28 @@ def test_atspeed_needs_a_draft_and_valid_params():
         make_params(at, {"beam_width": 10, "k": 10, "draft_beams": 5})
     with pytest.raises(UserInputError, match="gamma"):
         make_params(at, {"gamma": 0})
+
+
+def test_cli_eval_prints_beam_search_metrics_for_atspeed_strict(tiny_model_dir, tmp_path):
+    """`genrec eval --decoder atspeed_strict --k 10` = `--decoder beam --beam-width 10 --k 10`, with an
+    untrained draft (so most levels are rejected and corrected by the target)."""
+    import json
+
+    from conftest import run_cli
+    from test_draft_plumbing import make_draft
+
+    draft = make_draft(tmp_path / "draft", tiny_model_dir)
+    rows = {}
+    for name, extra in (
+        ("beam", ["--decoder", "beam", "--beam-width", "10"]),
+        (
+            "atspeed_strict",
+            ["--decoder", "atspeed_strict", "--draft", str(draft), "--param", "draft_beams=12"],
+        ),
+    ):
+        out = tmp_path / f"{name}.jsonl"
+        argv = ["eval", "--model", str(tiny_model_dir), *extra, "--k", "10", "--max-users", "40"]
+        assert run_cli([*argv, "--quiet", "--no-baseline", "--output", str(out)]) == 0
+        rows[name] = json.loads(out.read_text().splitlines()[0])
+    assert rows["atspeed_strict"]["quality"] == rows["beam"]["quality"]
+    assert rows["atspeed_strict"]["counters"]["target_calls"] > 0

@@ -49,6 +49,7 @@ def make_ctx(sizes, seed, with_head=False):
             for p in head.parameters():
                 p.normal_(0, 0.7)
     popularity = rng.integers(0, 3, len(items))
+    popularity[::3] = 0  # the cold-start set is never empty
     return DecoderContext(model.eval(), codec, np.asarray(items), 4, popularity, head)
 
 

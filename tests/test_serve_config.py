@@ -96,3 +96,16 @@ def test_serve_config_checks_decoders_defaults_and_sets_before_ray():
         parse_serve_config({"model": "m", "constraint_sets": {"odd": {"rule": "odd"}}})
     cfg = parse_serve_config({"model": "m", "decoders": ["nezha", "beam"], "defaults": {}})
     assert set(cfg.constraint_sets) == {"all", "cold_start"}  # kept: nezha and beam take a constraint
+
+
+def test_resource_limits_and_timeouts_are_checked_with_the_key_named():
+    cfg = parse_serve_config({"model": "m"})
+    assert cfg.limits.max_beam_width == 512 and cfg.body_timeout_s == 5.0 and cfg.decode_in_thread
+    with pytest.raises(UserInputError, match="limits.max_beam_width"):
+        parse_serve_config({"model": "m", "limits": {"max_beam_width": 0}})
+    with pytest.raises(UserInputError, match="colour"):
+        parse_serve_config({"model": "m", "limits": {"colour": 1}})
+    with pytest.raises(UserInputError, match="body_timeout_s"):
+        parse_serve_config({"model": "m", "body_timeout_s": 0})
+    cfg = parse_serve_config({"model": "m", "limits": {"max_beam_width": 64}, "client_timeout_s": 10})
+    assert cfg.limits.max_beam_width == 64 and cfg.client_timeout_s == 10

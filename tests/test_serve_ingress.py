@@ -92,3 +92,95 @@ def test_cpu_split_needs_proc(monkeypatch, tmp_path):
     with pytest.raises(UserInputError, match="Linux only"):
         serve_benchmark.main(["--cpu-split-rates", "60", "--out", str(tmp_path / "out.json")])
     assert not (tmp_path / "out.json").exists()
+
+
+# ---- the HAProxy wrapper (platform/serve/haproxy_guard.py) ------------------------------------------
+RAY_LIKE_CONFIG = """global
+    log 127.0.0.1:514 local0 info
+    stats socket {d}/admin.sock mode 666 level admin expose-fd listeners
+    stats timeout 30s
+    maxconn 4096
+defaults
+    mode http
+    timeout connect 5s
+    timeout client 3600s
+    log global
+    option abortonclose
+    errorfile 502 {d}/500.http
+    errorfile 503 {d}/500.http
+frontend prometheus
+    bind :9101
+    mode http
+    http-request use-service prometheus-exporter if {{ path /metrics }}
+frontend http_frontend
+    bind *:8000
+    acl is_app path_beg /
+    use_backend app if is_app
+    default_backend default_backend
+backend default_backend
+    http-request return status 404 content-type text/plain lf-string "Path not found."
+backend app
+    http-reuse always
+    server r1 127.0.0.1:30000 check
+listen stats
+  bind *:8404
+  stats enable
+  stats uri /stats
+"""
+
+
+def guard_settings(tmp_path):
+    from genrec.platform.serve.haproxy_guard import GuardSettings, write_error_pages
+
+    settings = GuardSettings("haproxy", str(tmp_path), http_request_timeout_s=2.5, client_timeout_s=30)
+    write_error_pages(settings)
+    return settings
+
+
+def test_harden_keeps_haproxy_local_owner_only_bounded_and_json(tmp_path):
+    from genrec.platform.serve.haproxy_guard import harden
+
+    settings = guard_settings(tmp_path)
+    text = harden(RAY_LIKE_CONFIG.format(d=tmp_path), settings)
+    assert "bind 127.0.0.1:9101" in text and "bind 127.0.0.1:8404" in text
+    assert "bind *:8000" in text  # the app's own bind follows --host (here 0.0.0.0: every interface)
+    assert "mode 600 level admin" in text and "mode 666" not in text
+    assert "timeout client 30000ms" in text and "timeout client 3600s" not in text
+    assert "timeout http-request 2500ms" in text and "option http-buffer-request" in text
+    defaults = text.split("defaults", 1)[1].split("frontend", 1)[0]
+    assert f"errorfile 503 {tmp_path}/errors/503.http" in defaults and f"{tmp_path}/500.http" not in defaults
+    assert "http-response return status 503 content-type application/json" in text
+    assert "http-reuse safe" in text and "http-reuse always" not in text
+    assert 'application/json string \'{"detail": "no such path' in text
+    assert harden(text, settings) == text  # idempotent: HAProxy restarts with the same file on reloads
+
+
+def test_error_pages_are_raw_json_http_responses(tmp_path):
+    import json as _json
+
+    from genrec.platform.serve.haproxy_guard import DETAILS, ERROR_CODES
+
+    settings = guard_settings(tmp_path)
+    for code in ERROR_CODES:
+        head, _, body = (settings.error_dir / f"{code}.http").read_bytes().decode().partition("\r\n\r\n")
+        assert _json.loads(body)["detail"] == DETAILS[code]
+        assert "Content-Type: application/json" in head and f"Content-Length: {len(body)}" in head
+    assert (settings.error_dir / "502.http").read_bytes().startswith(b"HTTP/1.1 503 ")  # retry, not 502
+    assert all("'" not in d for d in DETAILS.values())  # HAProxy's single-quoted strings hold them
+
+
+def test_hardened_config_passes_haproxys_own_check(tmp_path):
+    import shutil
+    import subprocess
+
+    from genrec.platform.serve.haproxy_guard import harden
+    from genrec.platform.serve.ingress import real_haproxy_binary
+
+    binary = real_haproxy_binary()
+    if shutil.which(binary) is None and not os.path.isfile(binary):
+        pytest.skip("no HAProxy binary")
+    cfg = tmp_path / "haproxy.cfg"
+    cfg.write_text(harden(RAY_LIKE_CONFIG.format(d=tmp_path), guard_settings(tmp_path)))
+    (tmp_path / "500.http").write_text("HTTP/1.1 500 x\r\nContent-Length: 0\r\n\r\n")
+    check = subprocess.run([binary, "-c", "-f", str(cfg)], capture_output=True, text=True, timeout=30)
+    assert check.returncode == 0, check.stdout + check.stderr

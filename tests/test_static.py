@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 
 import numpy as np
 import pytest
@@ -23,7 +24,7 @@ from genrec.workloads.constraints.sets import (
     uniform_random,
 )
 from genrec.workloads.constraints.transition import build_transition_matrix
-from genrec.workloads.constraints.vntk import StaticMask
+from genrec.workloads.constraints.vntk import StaticMask, vntk_apply
 from genrec.workloads.decoding.base import DecoderContext, get_decoder, make_params
 from genrec.workloads.decoding.beam import backbone_beam_search
 from genrec.workloads.decoding.params import BeamParams
@@ -87,6 +88,22 @@ def test_unsorted_and_duplicated_input_is_sorted_and_deduplicated():
     assert cs.contains(np.array([GOLDEN[1], (1, 2, 3, 4, 6)])).tolist() == [True, False]
 
 
+def test_every_construction_normalises_or_rejects():
+    """`ConstraintSet(...)` directly normalises exactly as from_codes (the upstream builder's silently
+    wrong index from unsorted input cannot be built)."""
+    rows = [GOLDEN[3], GOLDEN[0], GOLDEN[2], GOLDEN[0], GOLDEN[1]]
+    direct = ConstraintSet("x", (10,) * 5, np.asarray(rows), {"rule": "test"})
+    via = ConstraintSet.from_codes("x", (10,) * 5, rows, rule="test")
+    assert [tuple(r) for r in direct.codes.tolist()] == GOLDEN and direct.codes.dtype == np.int32
+    assert np.array_equal(direct.codes, via.codes) and direct.stats == via.stats
+    assert direct.stats["duplicates_dropped"] == 1 and direct.stats["rule"] == "test"
+    assert _enumerate(StaticMask(build_transition_matrix(direct, 1)), (10,) * 5) == GOLDEN
+    with pytest.raises(ConstraintError, match="outside the codebook"):
+        ConstraintSet("bad", (10,) * 5, np.asarray([[1, 2, 3, 4, 10]]))
+    with pytest.raises(ConstraintError, match="empty"):
+        ConstraintSet("bad", (10,) * 5, np.zeros((0, 5), dtype=np.int64))
+
+
 @pytest.mark.parametrize(
     "codes, match",
     [
@@ -132,16 +149,19 @@ def test_rules_build_the_expected_sets(tmp_path):
 
 
 # --- transition matrix -------------------------------------------------------------------------
+@pytest.mark.parametrize("fraction", [0.0, 1.0])
 @pytest.mark.parametrize("d", [0, 1, 2, 3])
-def test_golden_example_branch_factors_and_masks(d):
+def test_golden_example_branch_factors_and_masks(d, fraction):
     cs = ConstraintSet.from_codes("golden", (10,) * 5, GOLDEN)
-    tm = build_transition_matrix(cs, d)
+    tm = build_transition_matrix(cs, d, fraction)
     assert tm.max_branch == (2, 1, 2, 2, 1)
     assert tm.nodes_per_level == (1, 2, 2, 3, 4, 4)
+    # dense levels take the sparse path iff asked to; CSR levels always propose candidates
+    assert [tm.proposes_candidates(lv) for lv in range(5)] == [lv >= d or fraction > 0 for lv in range(5)]
     # walk every SID of the space's relevant prefixes through the mask backend: exactly GOLDEN survive
     sm = StaticMask(tm)
-    found = _enumerate(sm, tm.codebook_sizes)
-    assert found == sorted(GOLDEN)
+    assert _enumerate(sm, tm.codebook_sizes) == sorted(GOLDEN)
+    assert _enumerate_candidates(sm, tm.codebook_sizes) == sorted(GOLDEN)
 
 
 def _enumerate(sm, sizes):
@@ -163,24 +183,175 @@ def _enumerate(sm, sizes):
     return sorted(out)
 
 
-@settings(max_examples=15, deadline=None)
+def _enumerate_candidates(sm, sizes):
+    """All SIDs reachable through the sparse path: every row at once, `candidates` where the level
+    proposes them (else the dense `apply`), and the advance by picked slot (or by token when dense)."""
+    dev = torch.device("cpu")
+    prefixes, state = [()], sm.init_state(1, dev)
+    for level, size in enumerate(sizes):
+        lp = torch.zeros(len(prefixes), size)
+        found = sm.candidates(level, state, lp)
+        if found is None:
+            masked, aux = sm.apply(level, state, lp)
+            row, tok = torch.nonzero(torch.isfinite(masked), as_tuple=True)
+            pick = None
+        else:
+            cand, codes, aux = found
+            row, slot = torch.nonzero(torch.isfinite(cand), as_tuple=True)
+            tok, pick = codes[row, slot].long(), row * cand.shape[1] + slot
+        new = [prefixes[r] + (t,) for r, t in zip(row.tolist(), tok.tolist())]
+        if level + 1 < len(sizes) and new:
+            state = sm.advance(level, state, aux, row, tok, pick)
+        prefixes = new
+    return sorted(prefixes)
+
+
+@settings(max_examples=25, deadline=None)
 @given(
-    sizes=st.lists(st.integers(2, 5), min_size=1, max_size=4),
+    sizes=st.lists(st.integers(2, 5), min_size=2, max_size=5, unique=True),
     data=st.data(),
 )
 def test_trie_walk_finds_exactly_the_set_for_every_d(sizes, data):
+    """Every d < L, on unequal codebooks (a wrong multiplier in a dense level's state advance shows from
+    d = 3), each dense level on either path, through the dense mask and through sparse candidates."""
     space = list(itertools.product(*(range(t) for t in sizes)))
-    chosen = data.draw(st.lists(st.sampled_from(space), min_size=1, max_size=12))
+    chosen = data.draw(st.lists(st.sampled_from(space), min_size=1, max_size=24))
+    fraction = data.draw(st.sampled_from([0.0, 0.5, 1.0]))
     cs = ConstraintSet.from_codes("h", tuple(sizes), chosen)
-    for d in range(min(3, len(sizes))):
-        tm = build_transition_matrix(cs, d)
-        assert _enumerate(StaticMask(tm), tuple(sizes)) == sorted(set(chosen))
+    for d in range(len(sizes)):
+        tm = build_transition_matrix(cs, d, fraction)
+        sm = StaticMask(tm)
+        assert _enumerate(sm, tuple(sizes)) == sorted(set(chosen))
+        assert _enumerate_candidates(sm, tuple(sizes)) == sorted(set(chosen))
         # max branch factor = the most children of any node per level
         for level in range(len(sizes)):
             kids: dict[tuple, set] = {}
             for sid in set(chosen):
                 kids.setdefault(sid[:level], set()).add(sid[level])
             assert tm.max_branch[level] == max(len(v) for v in kids.values())
+
+
+def _trie_children(allowed) -> dict[tuple, set]:
+    """The dict trie of a set of SIDs: prefix -> its children's codes."""
+    children: dict[tuple, set] = {}
+    for sid in allowed:
+        for t in range(len(sid)):
+            children.setdefault(tuple(sid[:t]), set()).add(int(sid[t]))
+    return children
+
+
+def _trie_beam(log_probs, allowed, width, user, children=None):
+    """Constrained beam search of one user over fixed per-level log-probs ([B*w, T] per level, w = 1 at
+    level 0) with a dict trie (of `allowed`, or the given `children`): [(sid, score)] best first."""
+    children = _trie_children(allowed) if children is None else children
+    beams = [((), 0.0)]
+    for level, lp in enumerate(log_probs):
+        rows = user if level == 0 else user * width
+        cands = [
+            (prefix + (tok,), score + float(lp[rows + i, tok]))
+            for i, (prefix, score) in enumerate(beams)
+            for tok in sorted(children.get(prefix, ()))
+        ]
+        cands.sort(key=lambda c: -c[1])
+        beams = cands[:width]
+    return beams
+
+
+@settings(max_examples=30, deadline=None)
+@given(sizes=st.lists(st.integers(2, 6), min_size=2, max_size=4, unique=True), data=st.data())
+def test_sparse_and_dense_steps_decode_exactly_the_python_trie(sizes, data):
+    """Through the beam core on fixed logits: sparse candidates (auto paths), the dense kernel on every
+    level, and a Python trie walk return the same SIDs with the same scores, for every d and path."""
+    from genrec.workloads.benchmarks.static_step import synthetic_decode
+
+    space = list(itertools.product(*(range(t) for t in sizes)))
+    allowed = sorted(set(data.draw(st.lists(st.sampled_from(space), min_size=1, max_size=30))))
+    width = data.draw(st.integers(1, 8))
+    d = data.draw(st.integers(0, len(sizes) - 1))
+    fraction = data.draw(st.sampled_from([0.0, 0.5, 1.0]))
+    gen = torch.Generator().manual_seed(data.draw(st.integers(0, 10_000)))
+    batch = 2
+    logits = [
+        torch.randn(batch if lv == 0 else batch * width, t, generator=gen) * 3 for lv, t in enumerate(sizes)
+    ]
+    sm = StaticMask(
+        build_transition_matrix(ConstraintSet.from_codes("p", tuple(sizes), allowed), d, fraction)
+    )
+    sparse = synthetic_decode(sm, logits, batch, width)
+    dense = synthetic_decode(sm, logits, batch, width, dense=True)
+    assert torch.equal(sparse.scores, dense.scores)
+    found = torch.isfinite(sparse.scores)
+    assert torch.equal(sparse.codes[found], dense.codes[found])
+    lps = [torch.log_softmax(x, dim=-1) for x in logits]
+    for u in range(batch):
+        ref = _trie_beam(lps, allowed, width, u)
+        assert int(found[u].sum()) == len(ref)
+        assert [tuple(c) for c in sparse.codes[u, : len(ref)].tolist()] == [sid for sid, _ in ref]
+        np.testing.assert_allclose(sparse.scores[u, : len(ref)].numpy(), [sc for _, sc in ref], rtol=1e-5)
+
+
+@settings(max_examples=15, deadline=None)
+@given(sizes=st.lists(st.integers(2, 5), min_size=2, max_size=4, unique=True), data=st.data())
+def test_chained_constraints_decode_the_intersection(sizes, data):
+    """Three STATIC processors in a row (the first proposes candidates, the second makes them dense, the
+    third proposes again): the search is the trie walk where a code is allowed iff every set allows it
+    after the prefix (per level, as the masks compose; not the set intersection)."""
+    from genrec.workloads.benchmarks.static_step import ReplayScorer
+    from genrec.workloads.decoding.beam_core import run_beam_search
+    from genrec.workloads.decoding.processors import ConstraintProcessor
+
+    space = list(itertools.product(*(range(t) for t in sizes)))
+    sets = [set(data.draw(st.lists(st.sampled_from(space), min_size=1, max_size=40))) for _ in range(3)]
+    width = data.draw(st.integers(1, 6))
+    gen = torch.Generator().manual_seed(data.draw(st.integers(0, 10_000)))
+    logits = [torch.randn(1 if lv == 0 else width, t, generator=gen) * 3 for lv, t in enumerate(sizes)]
+    procs = [
+        ConstraintProcessor(
+            StaticMask(build_transition_matrix(ConstraintSet.from_codes("c", tuple(sizes), sorted(c)), d))
+        )
+        for d, c in zip((0, len(sizes) - 1, 1), sets)
+    ]
+    out = run_beam_search(ReplayScorer(logits), procs, 1, width, len(sizes), torch.device("cpu"))
+    tries = [_trie_children(c) for c in sets]
+    both = {p: set.intersection(*(t.get(p, set()) for t in tries)) for p in tries[0]}
+    ref = _trie_beam([torch.log_softmax(x, -1) for x in logits], None, width, 0, both)
+    found = torch.isfinite(out.scores[0])
+    assert int(found.sum()) == len(ref)
+    assert [tuple(c) for c in out.codes[0, : len(ref)].tolist()] == [sid for sid, _ in ref]
+
+
+def test_candidates_equal_the_dense_kernel_at_every_level():
+    """Each level's sparse candidates, made dense, are bit for bit the fused dense kernel's output, on
+    states of the level, the sink and padding, with unequal codebooks (reads past a node clamp)."""
+    from genrec.kernels.constrained_mask_torch import dense_from_candidates
+
+    sizes = (7, 3, 9, 4, 6)
+    cs = uniform_random(sizes, 300, seed=1)
+    gen = torch.Generator().manual_seed(0)
+    for d, fraction in itertools.product(range(len(sizes)), (0.0, 1.0)):
+        tm = build_transition_matrix(cs, d, fraction)
+        sm, bias_path = StaticMask(tm), StaticMask(build_transition_matrix(cs, d, 0.0))
+        bases = [*tm.level_base, tm.num_states]
+        for level in range(len(sizes)):
+            if level >= d:
+                lo, hi = bases[level - d], bases[level - d + 1]
+                states = torch.cat([torch.randint(lo, hi, (13,), generator=gen), torch.tensor([0])]).int()
+            else:
+                states = torch.randint(0, math.prod(sizes[:level]), (14,), generator=gen)
+            full = torch.log_softmax(torch.randn(len(states), sizes[level] + 5, generator=gen), -1)
+            lp = full[:, 2 : 2 + sizes[level]]  # a row-strided slice, as decoders pass it
+            found = sm.candidates(level, states, lp)
+            assert (found is None) == (level < d and fraction == 0.0)
+            if found is None:
+                continue
+            cand, codes, _ = found
+            assert int(codes.max()) < sizes[level]  # every code indexes the level's log-probs
+            dense = (
+                bias_path.apply(level, states, lp)[0]
+                if level < d
+                else vntk_apply(lp, states, tm.row_ptr, tm.edges, tm.max_branch[level])[0]
+            )
+            assert torch.equal(dense_from_candidates(cand, codes, sizes[level]), dense)
 
 
 def test_dense_levels_refused_with_reason():
@@ -299,10 +470,49 @@ def test_baseline_backends_decode_like_static(backend):
         assert torch.equal(res.codes, ref.codes) and torch.equal(res.scores, ref.scores)
     elif backend == "ppv_approx":  # top-50 >= T here, so also exact
         assert torch.equal(res.codes, ref.codes)
-    found = res.codes.reshape(-1, 3)[torch.isfinite(res.scores).reshape(-1)].numpy()
+    finite = torch.isfinite(res.scores).reshape(-1)
+    found = res.codes.reshape(-1, 3)[finite].numpy()
     in_set = cset.contains(found)
     if backend != "hash_bitmap":
         assert in_set.all()
+        return
+    # hash bitmap: it has no false negatives, so each SID it returns is in the set or is one of its
+    # false positives (passes the bitmap at every level, fails the exact trie), and SIDs it shares with
+    # STATIC score the same (scores are the model's, whatever the mask). With the store's bitmap and
+    # with a tiny one, where false positives must show up and are counted.
+    exact = StaticMask(build_transition_matrix(cset, 0))
+    tiny = HashBitmap(cset, bits_per_prefix=1)
+    small = backbone_beam_search(ctx, [[0, 1], [3]], BeamParams(k=5, beam_width=5), tiny)
+    default = ctx.constraints.mask_backend(make_params(dec, base), ctx.device, 1, "hash_bitmap")
+    false_positives = []
+    for result, bitmap in ((res, default), (small, tiny)):
+        for u in range(result.codes.shape[0]):
+            static_scores = {tuple(c): sc for c, sc in zip(ref.codes[u].tolist(), ref.scores[u].tolist())}
+            returned = [
+                (tuple(c), sc)
+                for c, sc in zip(result.codes[u].tolist(), result.scores[u].tolist())
+                if sc > -math.inf
+            ]
+            for sid, sc in returned:
+                assert _passes_every_level(bitmap, sid)
+                assert _passes_every_level(exact, sid) == bool(cset.contains(np.asarray([sid]))[0])
+                if sid in static_scores:
+                    assert sc == pytest.approx(static_scores[sid], abs=1e-5)
+        found_sids = result.codes.reshape(-1, 3)[torch.isfinite(result.scores).reshape(-1)].numpy()
+        false_positives.append(int((~cset.contains(found_sids)).sum()))
+    assert false_positives[0] == int((~in_set).sum()) and false_positives[1] > 0
+
+
+def _passes_every_level(backend, sid) -> bool:
+    """Whether the backend's mask allows each code of `sid` after its prefix (one beam, walked alone)."""
+    state = backend.init_state(1, torch.device("cpu"))
+    for level, code in enumerate(sid):
+        allowed, aux = backend.mask(level, state)
+        if not bool(allowed[0, code]):
+            return False
+        if level + 1 < len(sid):
+            state = backend.advance(level, state, aux, torch.zeros(1, dtype=torch.long), torch.tensor([code]))
+    return True
 
 
 def test_hash_bitmap_false_positives_are_measured():
@@ -373,7 +583,17 @@ def test_static_step_benchmark_smoke(tmp_path):
     res = json.loads(out.read_text())["results"][0]
     rows = {r["backend"]: r for r in res["rows"]}
     assert rows["static_torch"]["compliance"] == 1.0 and rows["ppv_exact"]["compliance"] == 1.0
+    assert rows["static_dense"]["compliance"] == 1.0
     assert res["within_u_max"] and res["live_updates"]["updates"] == 10
+    # the per-level split: both STATIC paths, every level, and which path each level took
+    for name in ("static_torch", "static_dense"):
+        row = rows[name]
+        assert len(row["level_ms"]) == len(row["mask_ms"]) == len(row["paths"]) == 3
+        assert all(m <= p for m, p in zip(row["mask_ms"], row["processor_ms"]))
+    assert (
+        rows["static_dense"]["paths"] == ["dense"] * 3 and rows["static_torch"]["paths"][1:] == ["sparse"] * 2
+    )
+    assert rows["static_torch"]["returned"] == rows["static_dense"]["returned"]
 
 
 def test_static_ratios_compare_whole_steps_and_overheads_over_unconstrained():

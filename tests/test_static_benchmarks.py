@@ -4,7 +4,9 @@ the shipped experiment files, a tiny sweep through Ray, and the generic benchmar
 from __future__ import annotations
 
 import copy
+import json
 import math
+import os
 from pathlib import Path
 
 import pandas as pd
@@ -54,6 +56,7 @@ def test_branch_set_has_exactly_b_children_at_the_last_level(b):
     assert tm.max_branch[-1] == b and len(cset) == (100 // b) * b
     r = branch_point(b, constraint_size=100, threads=1, **TINY)
     assert r["max_branch_factor"] == b and r["kernel_ms"] > 0 and r["mask_kernel_ms"] > 0
+    assert r["candidates_ms"] > 0
 
 
 BAD_PARAMS = [
@@ -183,3 +186,32 @@ def test_generic_benchmark_report_keeps_linear_axes_for_a_narrow_range(tmp_path)
     )  # backend is not numeric: the first varying numeric param
     assert not log_axes(df["param_constraint_size"]) and not log_axes(pd.Series([10, 1000]))
     assert log_axes(pd.Series([10, 1001, None])) and not log_axes(pd.Series([0, 1000]))
+
+
+# --- STATIC vs the official implementation (issue 20) ------------------------------------------------
+PEER = Path(os.environ.get("GENREC_STATIC_PEER", "/tmp/static-constraint-decoding"))
+
+
+def test_static_vs_official_names_a_missing_peer(tmp_path, capsys):
+    from genrec.workloads.benchmarks.static_vs_official import main
+
+    assert main(["--peer", str(tmp_path), "--sizes", "100"]) == 2
+    assert "static_decoding/decoding_pt.py" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(
+    not (PEER / "static_decoding" / "decoding_pt.py").is_file(),
+    reason="needs a checkout of youtube/static-constraint-decoding (GENREC_STATIC_PEER)",
+)
+def test_static_vs_official_decodes_the_same_sids_and_times_every_level(tmp_path):
+    from genrec.workloads.benchmarks.static_vs_official import main
+
+    out = tmp_path / "vs.json"
+    argv = ["--peer", str(PEER), "--vocab", "16", "--levels", "4", "--sizes", "300", "--beam", "4"]
+    assert main([*argv, "--repeats", "2", "--warmup", "1", "--out", str(out)]) == 0
+    res = json.loads(out.read_text())["results"][0]
+    assert res["same_sids"] == 1.0  # both exact searches over the same logits
+    for side in ("ours", "peer"):
+        assert len(res[side]["mask_ms_levels"]) == len(res[side]["step_ms_levels"]) == 4
+        assert 0 < res[side]["mask_ms_sum"] <= res[side]["step_ms_sum"] and res[side]["memory_mb"] > 0
+    assert res["mask_speedup"] > 0 and res["paths"][2:] == ["sparse", "sparse"]

@@ -71,10 +71,16 @@ def train_command(
         bool, typer.Option("--top1", help="Ablation w/o top-K: align on the teacher's top-1 SID only.")
     ] = False,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace --out if it already holds a checkpoint.")
+    ] = False,
 ) -> None:
     """Train the GR transformer on a dataset's train split (validation loss picks the best epoch)."""
+    from genrec.platform.commands.common import check_device, check_new_output
     from genrec.workloads.training.trainer import TrainConfig, train
 
+    check_new_output(out, overwrite, "a checkpoint or other files")  # before any training time is spent
+    check_device(device)
     cfg = TrainConfig(
         model_size=model,
         epochs=epochs,
@@ -148,6 +154,9 @@ def eval_command(
 
     if needs_draft(decoder) and draft is None:  # before anything loads
         raise UserInputError(draft_needed_message(decoder))
+    from genrec.platform.commands.common import check_device
+
+    check_device(device)
     ks = tuple(sorted(set(k or [5, 10])))
     values = cli_values(param or [])
     if beam_width is not None:

@@ -70,6 +70,7 @@ def serve_command(
     from genrec.platform.serve.config import ServeConfig, read_serve_file
     from genrec.platform.serve.server import (
         HttpSettings,
+        check_before_start,
         get_json,
         serve_config_from,
         start_server,
@@ -115,29 +116,67 @@ def serve_command(
         f"starting Ray Serve: model {cfg.model}{drafted}, decoders {cfg.decoders}, "
         f"max_batch_size {cfg.batching.max_batch_size}, wait {cfg.batching.batch_wait_timeout_s * 1e3:g} ms"
     )
+    check_before_start(cfg, http, ray_address)  # bad files, device or ingress: exit 2 before Ray starts
+    stop = StopSignal()
     try:
-        url = start_server(cfg, http, ray_address=ray_address, num_cpus=num_cpus)
-    except RuntimeError as e:
-        raise UserInputError(f"the app did not come up: {e}") from None
-    typer.echo(f"serving at {url} through {get_json(url + '/health').get('ingress')}  (Ctrl-C stops)")
+        try:
+            url = start_server(cfg, http, ray_address=ray_address, num_cpus=num_cpus, checked=True)
+        except RuntimeError as e:
+            raise UserInputError(f"the app did not come up: {e}") from None
+        stop.serving = True
+        print_usage(url, get_json(url + "/health").get("ingress"), cfg.ranking)
+        stop.wait()
+    except Stopped:
+        pass
+    finally:
+        typer.echo("shutting down", err=True)
+        stop_server(shutdown_ray=True)  # bounded; also ends HAProxy and removes its runtime folder
+        stop.restore()
+
+
+class Stopped(Exception):
+    """SIGTERM, SIGINT or SIGHUP arrived while the app was still starting."""
+
+
+class StopSignal:
+    """SIGTERM, SIGINT (Ctrl-C) and SIGHUP all stop the server the same way: a supervisor's SIGTERM to
+    the process group must leave no process or listener behind, as Ctrl-C does. While starting, the
+    signal interrupts the start; once serving, it ends the wait; a second signal during the shutdown
+    is ignored (the shutdown is bounded)."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.serving = False
+        self.previous = {sig: signal.signal(sig, self._handle) for sig in self.SIGNALS}
+
+    def _handle(self, signum: int, frame) -> None:
+        if self.event.is_set():
+            return
+        self.event.set()
+        if not self.serving:
+            raise Stopped(signum)
+
+    def wait(self) -> None:
+        while not self.event.wait(1.0):
+            pass
+
+    def restore(self) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+
+def print_usage(url: str, ingress: str | None, ranking: Path | None) -> None:
+    typer.echo(f"serving at {url} through {ingress}  (Ctrl-C stops)")
     typer.echo(f"  curl -s {url}/health")
     typer.echo(
         f"  curl -s -X POST {url}/recommend -H 'content-type: application/json' "
         """-d '{"history": [1, 2, 3], "k": 5}'"""
     )
-    if cfg.ranking is not None:
-        typer.echo(f"  POST {url}/rank  (ranking model {cfg.ranking}; see docs/serving.md)")
+    if ranking is not None:
+        typer.echo(f"  POST {url}/rank  (ranking model {ranking}; see docs/serving.md)")
     typer.echo(f"  genrec loadtest --url {url} --rate 20 --duration 30 --slo-ms 200")
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    try:
-        while not stop.wait(1.0):
-            pass
-    except KeyboardInterrupt:
-        pass
-    finally:
-        typer.echo("shutting down")
-        stop_server(shutdown_ray=True)
 
 
 def register(app: typer.Typer) -> None:

@@ -65,13 +65,37 @@ def sweep_command(
     if dry_run:
         print_dry_run(cfg)
         return
-    from genrec.platform.sweep import run_sweep
+    from genrec.platform.sweep import SweepInterrupted, run_sweep
 
-    summary = run_sweep(cfg, resume=resume, overwrite=overwrite, progress=not quiet, ray_address=ray_address)
+    hint = resume_command(experiment, results_dir, ray_address)
+    try:
+        summary = run_sweep(
+            cfg,
+            resume=resume,
+            overwrite=overwrite,
+            progress=not quiet,
+            ray_address=ray_address,
+            resume_hint=hint,
+        )
+    except (KeyboardInterrupt, SweepInterrupted):
+        typer.echo(f"\nsweep interrupted; finished trials are kept. Resume it with: {hint}", err=True)
+        raise typer.Exit(130) from None  # 128 + SIGINT, as a shell reports Ctrl-C
     for line in summary.lines():
         typer.echo(line)
     if summary.trials_failed:
         raise typer.Exit(1)
+
+
+def resume_command(experiment: Path, results_dir: Path | None, ray_address: str | None) -> str:
+    """The genrec command that finishes this sweep (what Ctrl-C and a busy lock point to)."""
+    import shlex
+
+    argv = ["genrec", "sweep", str(experiment), "--resume"]
+    if results_dir is not None:
+        argv += ["--results-dir", str(results_dir)]
+    if ray_address:
+        argv += ["--ray-address", ray_address]
+    return shlex.join(argv)
 
 
 def print_dry_run(cfg) -> None:
@@ -121,8 +145,8 @@ def runs_command(
     where: Annotated[
         str | None,
         typer.Option(
-            help='pandas query on the columns, e.g. "param_beam_width >= 20 and `recall@10` > 0.5" '
-            "(backquote names with @)."
+            help="Column comparisons joined by and/or/not, e.g. "
+            '"param_beam_width >= 20 and `recall@10` > 0.5" (backquote names with @; `col in [a, b]` too).'
         ),
     ] = None,
     columns: Annotated[
@@ -150,13 +174,9 @@ def runs_command(
     if decoder is not None:
         df = df[df["decoder"] == decoder]
     if where:
-        try:
-            df = df.query(where, engine="python")
-        except Exception as e:  # noqa: BLE001 - pandas raises many types for a bad expression
-            raise UserInputError(
-                f"--where {where!r}: {type(e).__name__}: {e}; columns: {list(df.columns)} "
-                "(backquote names like `recall@10`)"
-            ) from None
+        from genrec.platform.commands.where import filter_rows
+
+        df = filter_rows(df, where)  # column comparisons only: no eval, no @names, no attributes
     if sort:
         key = sort.lstrip("-")
         if key not in df.columns:

@@ -7,18 +7,24 @@
     GET  /decoders         names, parameters (type, default), the deployment's defaults and the draft
     GET  /constraint-sets  the sets requests can name with `constraint` (any beam-based decoder)
 
-Requests are checked in the replica's event loop (`parse_recommend`: the decoder's parameters go
-through genrec.platform.params, as in YAML experiments and `genrec eval --param`), then queued with
-their frozen Params for `@serve.batch`: a batch is split into groups with the same decoder and
-Params (equal Params hash equal) and each group is
-one decoder call, run on the replica's event loop: requests that arrive meanwhile wait in the socket
-and the proxy and join the next batch (a worker thread would keep accepting them, but on a small CPU
-its fight with the event loop over the GIL made both slower: see docs/serving.md).
+Admission comes first: each replica admits at most `max_queued_requests + max_batch_size` requests
+(reading their body, queued or decoding) and answers 503 or 429 with Retry-After beyond that, before
+it reads a byte of the body (Serve's own `max_queued_requests` guards the proxies' queues when every
+replica is full). An admitted request must send its whole body within `body_timeout_s` (408) and at
+most MAX_BODY_BYTES (413). The body is then checked (`parse_recommend`: the decoder's parameters go
+through genrec.platform.params, as in YAML experiments and `genrec eval --param`, and the
+deployment's resource `limits` bound the request's beam width, history and tokens: 422 naming the
+limit), then queued with its frozen Params for `@serve.batch`: a batch is split into groups with the
+same decoder and Params (equal Params hash equal), each group into decoder calls of at most
+`limits.max_batch_tokens`.
 
-Overload: each replica admits at most `max_queued_requests + max_batch_size`
-requests (queued or decoding) and answers 503 or 429 with Retry-After beyond that (Serve's own
-`max_queued_requests` guards the proxies' queues when every replica is full); the app answers 504
-when a request waits longer than `request_timeout_s`.
+Decoder calls run in the replica's one decoder thread (`decode_in_thread`, the default), so the event
+loop keeps answering /health, turning requests away and timing them out while a batch decodes. A
+request still waiting when its `request_timeout_s` runs out gets a 504 (counted in /health as
+`timed_out`); one whose deadline has passed when its batch starts is dropped before decoding.
+
+Every non-2xx answer of the app is JSON `{"detail": "..."}`, unexpected errors (500) included; the
+HAProxy ingress turns its own and Serve's plain-text errors into the same shape (haproxy_guard.py).
 
 `build_app(args)` is the application builder that `serve build` / `serve deploy` and
 `genrec serve` use.
@@ -33,6 +39,7 @@ import os
 import sys
 import time
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from typing import Any
 
@@ -54,11 +61,28 @@ from genrec.platform.serve.config import (
 )
 from genrec.platform.serve.ingress import active_handler_loop, active_ingress
 from genrec.platform.serve.ranking import NO_RANKING_MODEL, RankingService
-from genrec.platform.serve.requests import Limits, RecommendJob, RequestError, parse_recommend
+from genrec.platform.serve.requests import (
+    MAX_BODY_BYTES,
+    Limits,
+    RecommendJob,
+    RequestError,
+    parse_recommend,
+    request_tokens,
+)
 from genrec.workloads.errors import UserInputError
 
 api = FastAPI(title="genrec-lab recommender", version="1")
 CLIENT_CLOSED = 499  # nginx's "client closed request": logged as a client event, not a server error
+EXPIRED = "expired"  # a batch's answer for a request whose deadline passed before it was decoded
+
+
+@api.exception_handler(Exception)
+async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    # the documented error shape for a bug too (FastAPI's own 404/405/422 are JSON already)
+    return JSONResponse(
+        {"detail": f"internal error: {type(exc).__name__}; see the replica's log"}, status_code=500
+    )
+
 
 # Everything the deployment class uses is defined above it: Serve serialises the class when the
 # decorator runs, so a helper defined further down would be missing in the replica.
@@ -66,6 +90,47 @@ CLIENT_CLOSED = 499  # nginx's "client closed request": logged as a client event
 
 def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"detail": message}, status_code=status)
+
+
+async def read_body(request: Request, max_bytes: int, timeout_s: float) -> bytes:
+    """The whole body within `timeout_s` and `max_bytes`, or RequestError (408, 413, 400): a client that
+    stalls mid-body or streams without end cannot hold an admission slot for longer than that."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            raise RequestError(400, f"Content-Length {declared[:40]!r} is not a byte count")
+        if int(declared) > max_bytes:
+            raise RequestError(413, f"request body is {declared} bytes; the limit is {max_bytes}")
+
+    async def collect() -> bytes:
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_bytes:
+                raise RequestError(413, f"request body is over {max_bytes} bytes, the limit")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    try:
+        return await asyncio.wait_for(collect(), timeout_s)
+    except TimeoutError:
+        raise RequestError(
+            408, f"the request body did not arrive within body_timeout_s={timeout_s:g} s; send it at once"
+        ) from None
+
+
+def token_chunks(members: list[int], tokens: list[int], budget: int) -> list[list[int]]:
+    """Split one group's requests into decoder calls of at most `budget` tokens each (a request alone
+    always fits: admission refused larger ones)."""
+    chunks: list[list[int]] = [[]]
+    used = 0
+    for i in members:
+        if chunks[-1] and used + tokens[i] > budget:
+            chunks.append([])
+            used = 0
+        chunks[-1].append(i)
+        used += tokens[i]
+    return chunks
 
 
 def check_constraint_sets(
@@ -139,13 +204,22 @@ class Recommender:
             defaults=dict(self.host.defaults),
             constraint_sets=sets,
             unavailable_sets=unavailable,
+            max_beam_width=self.cfg.limits.max_beam_width,
+            max_history_items=self.cfg.limits.max_history_items,
+            max_batch_tokens=self.cfg.limits.max_batch_tokens,
+            levels=self.host.context.codec.levels,
         )
         self.batching = self.cfg.batching
         self.request_timeout_s = self.cfg.request_timeout_s
         self._apply_batching(self.batching)
         self.answered = 0
-        self.rejected = 0
-        self.inflight = 0  # admitted requests not yet answered (waiting for a batch or decoding)
+        self.rejected = 0  # turned away by admission (503/429)
+        self.timed_out = 0  # answered 504: no answer within request_timeout_s
+        self.expired = 0  # of those, dropped before decoding (their deadline passed in the queue)
+        self.body_timeouts = 0  # answered 408: the body did not arrive within body_timeout_s
+        self.inflight = 0  # admitted requests not yet answered (reading the body, queued or decoding)
+        # one thread: decoder calls run one at a time, as on the event loop, but off it
+        self.decoder_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="genrec-decoder")
         self.started_at = time.time()
         # POST /rank: a ranking model on the decoder host's device (MaRI graph built here, once)
         self.ranking = (
@@ -192,7 +266,13 @@ class Recommender:
             "request_timeout_s": self.request_timeout_s,
             "answered": self.answered,
             "rejected": self.rejected,
+            "timed_out": self.timed_out,
+            "expired": self.expired,
+            "body_timeouts": self.body_timeouts,
             "inflight": self.inflight,
+            "limits": {"max_k": self.cfg.max_k, **self.cfg.limits.model_dump()},
+            "body_timeout_s": self.cfg.body_timeout_s,
+            "decode_in_thread": self.cfg.decode_in_thread,
             "pid": os.getpid(),
             "ingress": active_ingress(),
             "handler_loop": active_handler_loop(),
@@ -234,14 +314,8 @@ class Recommender:
     @api.post("/recommend")
     async def recommend(self, request: Request) -> JSONResponse:
         arrived = time.perf_counter()
-        try:
-            job = parse_recommend(await request.body(), self.limits)
-        except RequestError as e:
-            return _error(e.status, e.message)
-        except ClientDisconnect:  # the client hung up before sending its body: nobody reads an answer
-            return _error(CLIENT_CLOSED, "client closed the connection")
         bound = self.cfg.max_queued_requests + self.batching.max_batch_size
-        if self.inflight >= bound:  # the replica's bounded queue: turn away now, never drop later
+        if self.inflight >= bound:  # the replica's bounded queue: turn away now, before the body is read
             self.rejected += 1
             return JSONResponse(
                 {
@@ -253,15 +327,33 @@ class Recommender:
             )
         self.inflight += 1
         try:
-            out = await asyncio.wait_for(self._decode_batch((job, arrived)), self.request_timeout_s)
+            return await self._recommend_admitted(request, arrived)
+        finally:
+            self.inflight -= 1
+
+    async def _recommend_admitted(self, request: Request, arrived: float) -> JSONResponse:
+        try:
+            body = await read_body(request, MAX_BODY_BYTES, self.cfg.body_timeout_s)
+            job = parse_recommend(body, self.limits)
+        except RequestError as e:
+            self.body_timeouts += e.status == 408
+            return _error(e.status, e.message)
+        except ClientDisconnect:  # the client hung up before sending its body: nobody reads an answer
+            return _error(CLIENT_CLOSED, "client closed the connection")
+        deadline = arrived + self.request_timeout_s
+        try:
+            out = await asyncio.wait_for(
+                self._decode_batch((job, arrived, deadline)), max(0.0, deadline - time.perf_counter())
+            )
         except TimeoutError:
+            out = EXPIRED
+        if out == EXPIRED:
+            self.timed_out += 1
             return _error(
                 504,
                 f"no answer within request_timeout_s={self.request_timeout_s} s; the server is "
                 "overloaded: retry later or raise request_timeout_s",
             )
-        finally:
-            self.inflight -= 1
         if isinstance(out, UserInputError):  # the decoder rejected this request's group
             return _error(422, str(out))
         out["timings_ms"]["server"] = (time.perf_counter() - arrived) * 1e3
@@ -275,7 +367,8 @@ class Recommender:
         if self.ranking is None:
             return _error(404, NO_RANKING_MODEL)
         try:
-            return JSONResponse(self.ranking.answer(await request.body(), arrived))
+            body = await read_body(request, self.ranking.limits.max_body_bytes, self.cfg.body_timeout_s)
+            return JSONResponse(self.ranking.answer(body, arrived))
         except RequestError as e:
             return _error(e.status, e.message)
         except ClientDisconnect:
@@ -283,32 +376,53 @@ class Recommender:
 
     # ---- batching --------------------------------------------------------------------------------
     @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.005)  # replaced by user_config at start
-    async def _decode_batch(self, requests: list[tuple[RecommendJob, float]]) -> list[dict[str, Any]]:
+    async def _decode_batch(self, requests: list[tuple[RecommendJob, float, float]]) -> list[Any]:
         started = time.perf_counter()
         if self.cfg.decode_in_thread:
-            return await asyncio.to_thread(self._decode_groups, requests, started)
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self.decoder_thread, self._decode_groups, requests, started)
         return self._decode_groups(requests, started)
 
-    def _decode_groups(self, requests: list[tuple[RecommendJob, float]], started: float) -> list[Any]:
+    def _decode_groups(self, requests: list[tuple[RecommendJob, float, float]], started: float) -> list[Any]:
+        answers: list[Any] = [EXPIRED] * len(requests)
         groups: dict[tuple, list[int]] = defaultdict(list)
-        for i, (job, _) in enumerate(requests):
+        for i, (job, _, _) in enumerate(requests):
             groups[job.group].append(i)
-        answers: list[Any] = [None] * len(requests)
+        tokens = [
+            job.tokens or request_tokens(job.params, len(job.history), self.limits.levels)
+            for job, _, _ in requests
+        ]
         for (decoder, params), members in groups.items():
-            try:  # the job's frozen Params as parsed: no re-validation, no dict round trip
-                out = self.host.decode([list(requests[i][0].history) for i in members], decoder, params)
-            except UserInputError as e:
-                for i in members:
-                    answers[i] = e
-                continue
-            for row, i in zip(out.items, members):
-                job, arrived = requests[i]
-                answers[i] = response_body(
-                    job, row, out, queue_ms=(started - arrived) * 1e3, batch=len(requests)
-                )
+            for chunk in token_chunks(members, tokens, self.limits.max_batch_tokens):
+                # checked per call, just before it: a request whose client has already had its 504 is
+                # not decoded (a long earlier call in this batch may have used up its time)
+                now = time.perf_counter()
+                live = [i for i in chunk if requests[i][2] > now]
+                self.expired += len(chunk) - len(live)
+                if live:
+                    self._decode_call(requests, live, decoder, params, started, answers)
         # serve.batch wants one result per request; an exception object is handed back, not raised,
         # so one bad group does not fail the other requests of the batch
         return answers
+
+    def _decode_call(
+        self,
+        requests: list[tuple[RecommendJob, float, float]],
+        members: list[int],
+        decoder: str,
+        params: Any,
+        started: float,
+        answers: list[Any],
+    ) -> None:
+        try:  # the job's frozen Params as parsed: no re-validation, no dict round trip
+            out = self.host.decode([list(requests[i][0].history) for i in members], decoder, params)
+        except UserInputError as e:
+            for i in members:
+                answers[i] = e
+            return
+        for row, i in zip(out.items, members):
+            job, arrived, _ = requests[i]
+            answers[i] = response_body(job, row, out, queue_ms=(started - arrived) * 1e3, batch=len(requests))
 
 
 def deployment_options(cfg: ServeConfig, cluster: dict[str, float] | None = None) -> dict[str, Any]:

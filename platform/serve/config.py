@@ -105,6 +105,17 @@ class BatchingConfig(_Strict):
     batch_wait_timeout_s: float = Field(0.005, ge=0, le=10)
 
 
+class ResourceLimits(_Strict):
+    """What one request may ask of a replica, checked before it is queued (422 naming the limit).
+
+    A beam of 10^6 once held a replica for minutes and took gigabytes; these bound a request's work
+    so the largest allowed one still decodes in about a second on the tiny CPU model."""
+
+    max_beam_width: int = Field(512, ge=1)  # beam_width and draft_beams
+    max_history_items: int = Field(4096, ge=1)  # items in a request's history, before truncation
+    max_batch_tokens: int = Field(1 << 20, ge=1)  # beams x prompt tokens of one decoder call
+
+
 class ServeConfig(_Strict):
     model: Path
     data: Path | None = None  # None: the dataset recorded in the checkpoint
@@ -136,11 +147,21 @@ class ServeConfig(_Strict):
     overload_status: Literal[503, 429] = 503
     retry_after_s: float = Field(1.0, ge=0)
     request_timeout_s: float = Field(10.0, gt=0)  # the app answers 504 after this
+    limits: ResourceLimits = Field(default_factory=ResourceLimits)
+    # A client must send its whole body within this (the app answers 408; HAProxy's `timeout
+    # http-request` is set to it too), so connections that stall mid-body cannot pin a replica.
+    body_timeout_s: float = Field(5.0, gt=0, le=600)
+    # HAProxy's `timeout client`: an idle client connection is closed after this (Ray's default is an
+    # hour, which let a few hundred idle connections starve the ingress)
+    client_timeout_s: float = Field(30.0, gt=0, le=3600)
     warmup_batches: int = Field(2, ge=0)
     # The replica's threads (Serve's event loops, the decoder) share the GIL; Python's default 5 ms
     # switch interval lets a busy thread delay a request's hand-offs by that much each time.
     gil_switch_interval_s: float | None = Field(0.0005, gt=0)
-    decode_in_thread: bool = False  # True: decode in a worker thread (see docs/serving.md for why not)
+    # Decode in the replica's decoder thread, so /health, timeouts and cancellation keep working while a
+    # batch decodes (False: on the event loop, a little faster on a 2-core machine, but one long
+    # decode then blocks every other request; see docs/serving.md)
+    decode_in_thread: bool = True
     # POST /rank: a ranking checkpoint folder (`genrec rank train --out DIR`); None: /rank answers 404
     ranking: Path | None = None
     ranking_max_candidates: int = Field(10000, ge=1)  # B per /rank request

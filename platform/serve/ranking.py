@@ -102,6 +102,7 @@ def parse_rank(
         limits.max_body_bytes,
         EXAMPLE,
         f" (ranking_max_candidates={limits.max_candidates} rows of this model's features)",
+        finite_only=False,  # NaN/inf get the model check's 422 naming the tensor
     )
     if not isinstance(raw, dict):
         raise RequestError(400, f"request body must be a JSON object, got {type(raw).__name__}")

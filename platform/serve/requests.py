@@ -9,6 +9,7 @@ one gets the same message here as in a YAML experiment or `genrec eval --param`.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,10 +20,25 @@ from genrec.platform.serve.config import ConstraintFields
 from genrec.workloads.errors import UserInputError
 
 MAX_BODY_BYTES = 1 << 20  # a history of item ids never needs more
+MAX_INT_DIGITS = 20  # every id and parameter fits an int64; longer digit strings are refused unparsed
+MAX_JSON_DEPTH = 32  # the deepest body we accept nests 3 levels; deeper is an attack or a mistake
+MAX_DETAIL_CHARS = 1000  # an error message never echoes more than this of the client's input
+
+
+def clip(text: str, limit: int = MAX_DETAIL_CHARS) -> str:
+    """`text` cut to about `limit` characters, keeping its start and its end (where a message says
+    what to do) and saying how much of the middle was left out."""
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    return f"{text[:half]} ...({len(text) - 2 * half} characters left out)... {text[-half:]}"
 
 
 class RequestError(Exception):
+    """A 4xx answer; its message is clipped so a huge bad value is never echoed back in full."""
+
     def __init__(self, status: int, message: str) -> None:
+        message = clip(message)
         super().__init__(message)
         self.status, self.message = status, message
 
@@ -52,6 +68,7 @@ class RecommendJob:
     params: Any  # the decoder's frozen Params: hashable, so equal requests batch into one decoder call
     truncated_from: int = 0  # original history length when it was truncated, else 0
     notes: tuple[str, ...] = field(default=())
+    tokens: int = 0  # this request's share of a decoder call's work (see `request_tokens`)
 
     @property
     def k(self) -> int:
@@ -76,21 +93,99 @@ class Limits:
     defaults: Mapping[str, Any]  # each served decoder's default Params (validated at start)
     constraint_sets: Mapping[str, ConstraintFields]  # name -> fields; only sets built at start
     unavailable_sets: Mapping[str, str] = field(default_factory=dict)  # name -> why it was not built
+    # per-deployment resource limits (ServeConfig.limits), checked before a request is queued so one
+    # request can never hold a replica for minutes or take gigabytes
+    max_beam_width: int = 512  # every width parameter of a decoder: beam_width, draft_beams
+    max_history_items: int = 4096  # items in the request's history, before any truncation
+    max_batch_tokens: int = 1 << 20  # beams x prompt positions of one decoder call
+    levels: int = 3  # SID tokens per item (a prompt holds levels tokens per history item)
+
+
+WIDTH_PARAMETERS = ("beam_width", "draft_beams")  # decoder parameters whose cost grows with their value
+
+
+def request_tokens(params: Any, history_items: int, levels: int) -> int:
+    """The positions a request's beams attend over: widest beam x (history + answer) tokens. A decoder
+    call's memory and time grow with the sum over its requests, which `max_batch_tokens` bounds."""
+    width = max([int(getattr(params, name, 1)) for name in WIDTH_PARAMETERS] + [1])
+    return width * (history_items + 1) * levels
 
 
 RECOMMEND_EXAMPLE = '{"history": [1, 2, 3], "k": 10}'
 
 
-def load_json_body(body: bytes, max_bytes: int, example: str, limit_note: str = "") -> Any:
-    """Raw body -> parsed JSON, or RequestError (413 too large, 400 empty or not JSON) showing `example`."""
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise RequestError(
+            400, f"a number in the body has {len(text.lstrip('-'))} digits; the limit is {MAX_INT_DIGITS}"
+        )
+    return int(text)
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise RequestError(400, f"the number {clip(text, 40)} is out of range; send finite numbers")
+    return value
+
+
+def _no_constant(name: str) -> Any:
+    raise RequestError(400, f"{name} is not a JSON number; send finite numbers only")
+
+
+_NOT_STRUCTURE = bytes(b for b in range(256) if b not in b'[]{}"')
+
+
+def json_depth(body: bytes) -> int:
+    """How deep the brackets of a JSON text nest, brackets inside strings skipped; stops counting past
+    MAX_JSON_DEPTH. Escaped quotes and backslashes are dropped first and everything but brackets and
+    quotes is deleted in C, so the Python loop only sees the body's structure."""
+    skeleton = body.replace(b"\\\\", b"").replace(b'\\"', b"").translate(None, _NOT_STRUCTURE)
+    depth = deepest = 0
+    in_string = False
+    for byte in skeleton:
+        if byte == 0x22:  # "
+            in_string = not in_string
+        elif in_string:
+            continue
+        elif byte in (0x5B, 0x7B):  # [ {
+            depth += 1
+            deepest = max(deepest, depth)
+            if deepest > MAX_JSON_DEPTH:
+                break
+        else:
+            depth -= 1
+    return deepest
+
+
+def load_json_body(
+    body: bytes, max_bytes: int, example: str, limit_note: str = "", finite_only: bool = True
+) -> Any:
+    """Raw body -> parsed JSON, or RequestError (413 too large; 400 empty, not JSON, nested too deep,
+    a number too long) showing `example`. Limits are checked before Python builds any object.
+    `finite_only`: NaN, Infinity and overflowing floats are a 400 too (False: left to the caller's
+    own check, as /rank names the tensor that holds them)."""
     if len(body) > max_bytes:
         raise RequestError(413, f"request body is {len(body)} bytes; the limit is {max_bytes}{limit_note}")
     if not body.strip():
         raise RequestError(400, f"empty request body; send JSON like {example}")
+    depth = json_depth(body)
+    if depth > MAX_JSON_DEPTH:
+        raise RequestError(
+            400, f"request body nests deeper than {MAX_JSON_DEPTH} levels; send JSON like {example}"
+        )
     try:
-        return json.loads(body)
+        if not finite_only:
+            return json.loads(body, parse_int=_bounded_int)
+        return json.loads(
+            body, parse_int=_bounded_int, parse_float=_finite_float, parse_constant=_no_constant
+        )
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise RequestError(400, f"request body is not valid JSON ({e}); send JSON like {example}") from None
+    except (ValueError, RecursionError) as e:  # e.g. Python's own digit limit on huge numbers
+        raise RequestError(
+            400, f"request body cannot be read as JSON ({e}); send JSON like {example}"
+        ) from None
 
 
 def describe_validation_error(
@@ -136,13 +231,41 @@ def parse_recommend(body: bytes, limits: Limits) -> RecommendJob:
             422, f"`decoder`: {decoder!r} is not served here; choose one of {list(limits.decoders)}"
         )
     params = request_params(decoder, request_values(req), limits)
-    return RecommendJob(tuple(history), decoder, params, truncated_from, tuple(notes))
+    tokens = check_cost(params, len(history), limits)
+    return RecommendJob(tuple(history), decoder, params, truncated_from, tuple(notes), tokens)
+
+
+def check_cost(params: Any, history_items: int, limits: Limits) -> int:
+    """The request's tokens, or RequestError (422) naming the deployment limit it exceeds."""
+    for name in WIDTH_PARAMETERS:
+        value = getattr(params, name, None)
+        if value is not None and value > limits.max_beam_width:
+            raise RequestError(
+                422,
+                f"`{name}` {value} is above this deployment's limit max_beam_width={limits.max_beam_width}; "
+                f"send at most {limits.max_beam_width} (or raise limits.max_beam_width in the serve config)",
+            )
+    tokens = request_tokens(params, history_items, limits.levels)
+    if tokens > limits.max_batch_tokens:
+        raise RequestError(
+            422,
+            f"this request needs {tokens} tokens (widest beam x (history items + 1) x {limits.levels} "
+            f"levels), above this deployment's limit max_batch_tokens={limits.max_batch_tokens}; send a "
+            "narrower beam or a shorter history (or raise limits.max_batch_tokens in the serve config)",
+        )
+    return tokens
 
 
 def check_history(history: list[int], limits: Limits) -> tuple[list[int], int, list[str]]:
     """(history to decode, original length if truncated else 0, notes) or RequestError."""
     if not history:
         raise RequestError(422, "`history` is empty; send at least one item id the user interacted with")
+    if len(history) > limits.max_history_items:
+        raise RequestError(
+            422,
+            f"`history` has {len(history)} items, above this deployment's limit max_history_items="
+            f"{limits.max_history_items}; send the most recent {limits.max_history} (the model's window)",
+        )
     bad = [x for x in history if not 0 <= x < limits.num_items]
     if bad:
         raise RequestError(
@@ -187,7 +310,9 @@ def request_params(decoder: str, values: dict[str, Any], limits: Limits) -> Any:
     except UserInputError as e:
         raise RequestError(422, str(e)) from None
     if params.k > limits.max_k:
-        raise RequestError(422, f"`k` must be between 1 and {limits.max_k}, got {params.k}")
+        raise RequestError(
+            422, f"`k` must be between 1 and {limits.max_k} (this deployment's limit max_k), got {params.k}"
+        )
     if takes_constraint:
         check_constraint_built(ConstraintFields.of(params), ConstraintFields.of(base), limits)
     return params

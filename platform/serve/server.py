@@ -3,8 +3,10 @@ the tests and the batching benchmark."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import math
 import os
 import sys
 import time
@@ -21,10 +23,17 @@ from genrec.platform.serve.config import (
     ServeConfig,
     check_model_dir,
 )
-from genrec.platform.serve.ingress import ingress_environment, resolve_ingress, started_with
+from genrec.platform.serve.ingress import (
+    ingress_environment,
+    remove_haproxy_runtime,
+    resolve_ingress,
+    started_with,
+)
 from genrec.workloads.errors import UserInputError
 
 APP_NAME = "genrec"
+SERVE_SHUTDOWN_TIMEOUT_S = 15.0  # Serve's own is 30 s; a controller already gone should not hold us
+_STARTED_RAY = False  # this process started the local Ray it serves on (and so stops it)
 
 
 @dataclass
@@ -109,24 +118,39 @@ def start_server(
     ray_address: str | None = None,
     num_cpus: int | None = None,
     user_config: dict[str, Any] | None = None,
+    checked: bool = False,
 ) -> str:
-    """Deploy the app (starting local Ray and Serve if needed); returns its base URL once healthy."""
+    """Deploy the app (starting local Ray and Serve if needed); returns its base URL once healthy.
+    `checked`: the caller already ran `check_before_start`."""
     import ray
     from ray import serve
 
+    global _STARTED_RAY
     http = http or HttpSettings()
     cfg = cfg.resolved()
-    check_model_dir(cfg)
+    if not checked:
+        check_before_start(cfg, http, ray_address)
     ingress = resolve_ingress(http.ingress)
+    address = ray_address or os.environ.get("RAY_ADDRESS") or "local"
     if not ray.is_initialized():
-        address = ray_address or os.environ.get("RAY_ADDRESS") or "local"
         kwargs: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.WARNING}
         if address == "local":
             kwargs["num_cpus"] = num_cpus
         # a local Ray's processes inherit this environment; a cluster keeps the one it started with
-        env = ingress_environment(ingress, http.handler_loop) if address == "local" else {}
+        env = (
+            ingress_environment(
+                ingress,
+                http.handler_loop,
+                cfg.body_timeout_s,
+                cfg.client_timeout_s,
+                max(1, math.ceil(cfg.retry_after_s)),
+            )
+            if address == "local"
+            else {}
+        )
         with started_with(env):
             ray.init(address=address, **kwargs)
+        _STARTED_RAY = address == "local"
     config = app_config(cfg, http, user_config)
     serve.start(http_options=config["http_options"])
     deploy(config)
@@ -148,15 +172,58 @@ def reconfigure(cfg: ServeConfig, **user_config: Any) -> None:
     deploy(app_config(cfg, None, user_config))
 
 
-def stop_server(shutdown_ray: bool = False) -> None:
+def check_before_start(cfg: ServeConfig, http: HttpSettings, ray_address: str | None = None) -> None:
+    """Everything that can be checked before Ray starts: the files (loaded once, on the CPU, when they
+    are this machine's), the device and the ingress."""
+    cfg = cfg.resolved()
+    check_model_dir(cfg)
+    resolve_ingress(http.ingress)
+    if (ray_address or os.environ.get("RAY_ADDRESS") or "local") == "local":
+        preflight(cfg)
+
+
+def preflight(cfg: ServeConfig) -> None:
+    """Load the checkpoint, dataset and draft once here, on the CPU, so a corrupt or mismatched file is
+    one clear error (exit 2) instead of a replica that fails to start ("deployment failed")."""
+    from genrec.platform.commands.common import check_device
+    from genrec.workloads.evaluation import load_context
+
+    check_device(cfg.device)
+    load_context(cfg.model, cfg.data, "cpu", draft_dir=cfg.draft)
+
+
+def stop_server(shutdown_ray: bool = False, timeout_s: float = SERVE_SHUTDOWN_TIMEOUT_S) -> None:
+    """Stop the app; with `shutdown_ray`, also the local Ray this process started, any HAProxy left
+    from it and its runtime folder. Bounded: a controller that is already gone (a signal to the whole
+    process group reaches Ray's workers too) costs at most `timeout_s`."""
+    global _STARTED_RAY
     import ray
-    from ray import serve
 
     try:
-        serve.shutdown()
+        if ray.is_initialized():
+            _shutdown_serve(timeout_s)
     finally:
         if shutdown_ray and ray.is_initialized():
             ray.shutdown()
+        if shutdown_ray and _STARTED_RAY:
+            remove_haproxy_runtime()
+            _STARTED_RAY = False
+
+
+def _shutdown_serve(timeout_s: float) -> None:
+    """serve.shutdown() with a time limit (Serve's own waits 30 s for a controller that may be gone)."""
+    from ray.serve import context
+
+    client, had_cached = context._check_cached_client_alive()
+    if client is None and not had_cached:  # a fresh process: find a running controller, if any
+        with contextlib.suppress(Exception):
+            client = context._get_global_client(raise_if_no_controller_running=False)
+    if client is None:
+        return
+    try:
+        client.shutdown(timeout_s)
+    finally:
+        context._disconnect()
 
 
 def serve_config_from(args: dict[str, Any], overrides: dict[str, Any]) -> ServeConfig:

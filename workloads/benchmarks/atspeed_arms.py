@@ -200,6 +200,7 @@ def arm_point(
         "target_dir": str(target_dir),
         "draft_dir": str(draft_dir),
         "users": len(examples),
+        "dataset_name": ds.manifest.name,
     }
 
 

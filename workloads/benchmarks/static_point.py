@@ -5,8 +5,9 @@
                    decode of static_step.py divided by L) against the same decode without a mask, run
                    interleaved in one process on the same logits; plus build time and index memory.
     branch_point   the VNTK alone at one maximum branch factor B: a constraint set whose last-level
-                   nodes all have exactly B children; the fused (`apply`, what decoding uses) and the
-                   bool-mask form of the kernel on `batch * beam` random last-level states.
+                   nodes all have exactly B children; the dense fused form (`apply`, `kernel_ms`), the
+                   bool-mask form, and the sparse candidates decoding uses on CSR levels
+                   (`candidates_ms`, torch) on `batch * beam` random last-level states.
 
 Pure torch / numpy (no ray): the sweep trial calls these with `seed`, `threads` and `device` filled in.
 Baselines (cpu_trie, ppv_*, hash_bitmap) above `baseline_max_size` items are not run: the point returns
@@ -20,7 +21,8 @@ import time
 import numpy as np
 import torch
 
-from genrec.workloads.benchmarks.static_step import Unconstrained, _sync, make_logits, synthetic_decode
+from genrec.kernels.constrained_mask_torch import csr_candidates, packed_edges, row_bounds
+from genrec.workloads.benchmarks.static_step import _sync, make_logits, synthetic_decode
 from genrec.workloads.constraints.baselines import BASELINES
 from genrec.workloads.constraints.sets import ConstraintSet, uniform_random
 from genrec.workloads.constraints.transition import build_transition_matrix
@@ -89,21 +91,18 @@ def scaling_point(
     _sync(dev)
     build_s = time.perf_counter() - t0
     logits = make_logits(vocab, levels, batch, beam, temp, seed, dev)
-    pair = {"unconstrained": Unconstrained(), backend: be}
+    pair = {"unconstrained": None, backend: be}
     times: dict[str, list[int]] = {k: [] for k in pair}
     with torch.no_grad():
         for rep in range(warmup + reps):
             order = list(pair) if rep % 2 == 0 else list(reversed(pair))  # drift hits both alike
             for name in order:
-                _sync(dev)
-                t = time.perf_counter_ns()
-                synthetic_decode(pair[name], logits, batch, beam)
-                _sync(dev)
+                timing = synthetic_decode(pair[name], logits, batch, beam)
                 if rep >= warmup:
-                    times[name].append(time.perf_counter_ns() - t)
-        codes, scores = synthetic_decode(be, logits, batch, beam)
-    found = torch.isfinite(scores).reshape(-1).cpu().numpy()
-    flat = codes.reshape(-1, levels).cpu().numpy()[found]
+                    times[name].append(timing.total_ns)
+        last = synthetic_decode(be, logits, batch, beam)
+    found = torch.isfinite(last.scores).reshape(-1).cpu().numpy()
+    flat = last.codes.reshape(-1, levels).cpu().numpy()[found]
     step = _median_ms(times[backend], levels)
     base = _median_ms(times["unconstrained"], levels)
     memory_mb = be.memory_bytes() / 2**20
@@ -180,9 +179,11 @@ def branch_point(
     lo = tm.level_base[level - dense_levels]
     states = torch.randint(lo, tm.num_states, (rows,), generator=gen, dtype=torch.int32).to(dev)
     lp = torch.log_softmax(torch.randn(rows, vocab, generator=gen), -1).to(dev)
+    slots = torch.arange(branch, dtype=torch.int32, device=dev)
     calls = {
         "kernel": (apply_fn, (lp, states, tm.row_ptr, tm.edges, branch)),
         "mask_kernel": (mask_fn, (states, tm.row_ptr, tm.edges, branch, vocab)),
+        "candidates": (csr_candidates, (lp, states, row_bounds(tm.row_ptr), packed_edges(tm.edges), slots)),
     }
     times: dict[str, list[int]] = {k: [] for k in calls}
     with torch.no_grad():
@@ -199,6 +200,7 @@ def branch_point(
         "kernel_ms": kernel_ms,
         "kernel_ms_p99": float(np.percentile(times["kernel"], 99)) / 1e6,
         "mask_kernel_ms": _median_ms(times["mask_kernel"]),
+        "candidates_ms": _median_ms(times["candidates"]),
         "kernel_us_per_beam": kernel_ms * 1e3 / rows,
         "max_branch_factor": int(branch),
         "set_size": len(cset),

@@ -1,23 +1,35 @@
-"""Per-step cost of constrained decoding: STATIC (torch / Triton VNTK) vs the baselines, one process.
+"""Per-step cost of constrained decoding: STATIC (sparse and dense paths) vs the baselines, one process.
 
-    python -m genrec.workloads.benchmarks.static_step --device cuda \\
+    python -m genrec.workloads.benchmarks.static_step --device cpu --threads 1 \\
         --vocab 2048 --levels 8 --sizes 100000 1000000 --batch 2 --beam 70 --dense-levels 2 \\
-        --backends unconstrained static_torch static_triton ppv_exact ppv_approx hash_bitmap cpu_trie \\
+        --backends unconstrained static_torch static_dense ppv_exact ppv_approx hash_bitmap cpu_trie \\
         --repeats 50 --warmup 5 [--out docs/results/static_step.json]
 
 For each constraint-set size |C| a uniform random set of SIDs (V^L space, the paper's scaling sets)
-is built once; each backend then runs the same synthetic constrained beam search: fixed random
-logits per level ([batch, V] for level 0, [batch * beam, V] after), log-softmax, the backend's mask,
-top-k over beam x V, and the state advance by parent index. Wall time of the L steps is divided by L
-(the paper's "per decoding step"), median and p99 over --repeats, after --warmup runs, with
-torch.cuda.synchronize() around each run on CUDA. `unconstrained` (log-softmax + top-k only) is the
-floor; `overhead_ms` = backend - unconstrained, the paper's "latency overhead per decoding step"
-(Table 1, appendix C), and `overhead_vs_static_torch` the ratio of a backend's overhead to STATIC's
-(the paper's 948x / 1033x); `speedup_of_static_torch` compares whole steps. Backends run interleaved
-repeat by repeat so drift hits all alike. Also reported: build time, memory and the paper's U_max
-bound (STATIC), and the compliance of each backend's final SIDs (fraction inside the set; the hash
-bitmap can fall below 1), and with --live-updates N the latency of N removals + N additions on a
-LiveStaticMask against a rebuild (merge) of the index.
+is built once; each backend then runs the same synthetic constrained beam search through the beam
+core that decoding uses (beam_core.run_beam_search): fixed random logits per level ([batch, V] for
+level 0, [batch * beam, V] after), log-softmax, the backend as a ConstraintProcessor, the top-W
+selection and the state advance by parent index. Wall time of the L steps is divided by L (the
+paper's "per decoding step"), median and p99 over --repeats, after --warmup runs, with
+torch.cuda.synchronize() around each run on CUDA.
+
+STATIC arms: `static_torch` / `static_triton` take each level's cheaper path (sparse candidates on
+the CSR levels and on dense levels with a small branch factor, the dense bias row otherwise: see
+constraints.transition); `static_dense` is the dense path on every level (the [R, T] masked
+log-probs that the selection ranks in full), the form before sparse candidates (`--sparse-fraction`
+sets when a dense level of `static_torch` goes sparse; 1: always). Every arm reports the per-level
+split `level_ms` (the whole step of each level); STATIC arms also `mask_ms` (the constraint's
+candidates or mask call), `processor_ms` (that plus the state advance), medians over the repeats, and
+`paths` (which path each level took).
+
+`unconstrained` (log-softmax + top-k only) is the floor; `overhead_ms` = backend - unconstrained, the
+paper's "latency overhead per decoding step" (Table 1, appendix C), and `overhead_vs_static_torch`
+the ratio of a backend's overhead to STATIC's (the paper's 948x / 1033x); `speedup_of_static_torch`
+compares whole steps. Backends run interleaved repeat by repeat, in alternating order, so drift hits
+all alike. Also reported: build time, memory and the paper's U_max bound (STATIC), and the compliance
+of each backend's final SIDs (fraction inside the set; the hash bitmap can fall below 1), and with
+--live-updates N the latency of N removals + N additions on a LiveStaticMask against a rebuild
+(merge) of the index.
 
 Only torch/numpy (and triton for static_triton) are needed: runs from a plain checkout on the GPU
 machine. static_triton on CPU needs TRITON_INTERPRET=1 and is very slow: tiny sizes only.
@@ -29,68 +41,130 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from genrec.workloads.constraints.backend import MaskBackend
 from genrec.workloads.constraints.baselines import BASELINES
 from genrec.workloads.constraints.live import LiveStaticMask
 from genrec.workloads.constraints.sets import uniform_random
-from genrec.workloads.constraints.transition import build_transition_matrix
+from genrec.workloads.constraints.transition import SPARSE_FRACTION, build_transition_matrix
 from genrec.workloads.constraints.vntk import StaticMask
+from genrec.workloads.decoding.base import PhaseTimer
+from genrec.workloads.decoding.beam_core import run_beam_search
+from genrec.workloads.decoding.processors import ConstraintProcessor, ConstraintState
 from genrec.workloads.io import atomic_write_text
 
 ALL_BACKENDS = (
     "unconstrained",
     "static_torch",
+    "static_dense",
     "static_triton",
     "ppv_exact",
     "ppv_approx",
     "hash_bitmap",
     "cpu_trie",
 )
+STATIC_ARMS = ("static_torch", "static_dense", "static_triton")
 
 
-class Unconstrained:
-    name = "unconstrained"
+class DenseConstraint:
+    """A ConstraintProcessor without `candidates`: the beam core then masks every level densely."""
 
-    def init_state(self, rows, device):
-        return torch.zeros(rows, dtype=torch.int32, device=device)
+    phase = "mask"
 
-    def apply(self, level, state, log_probs):
-        return log_probs, None
+    def __init__(self, backend: MaskBackend) -> None:
+        self.inner = ConstraintProcessor(backend)
 
-    def advance(self, level, state, aux, parent, token):
-        return state
+    def init_state(self, batch: int, device: torch.device) -> ConstraintState:
+        return self.inner.init_state(batch, device)
 
-    def memory_bytes(self) -> int:
-        return 0
+    def apply(
+        self, level: int, state: ConstraintState, log_probs: torch.Tensor, beam_scores: torch.Tensor
+    ) -> tuple[torch.Tensor, ConstraintState]:
+        return self.inner.apply(level, state, log_probs, beam_scores)
+
+    def advance(
+        self, level: int, state: ConstraintState, parent: torch.Tensor, token: torch.Tensor
+    ) -> ConstraintState:
+        return self.inner.advance(level, state, parent, token)
+
+
+@dataclass
+class ReplayScorer:
+    """The synthetic decode's model: fixed logits per level. Notes when each level starts and when
+    its log-probs are ready (after the log-softmax)."""
+
+    logits: list[torch.Tensor]
+    starts: list[int] = field(default_factory=list)
+    ready: list[int] = field(default_factory=list)
+
+    def level_log_probs(self, level: int) -> torch.Tensor:
+        self.starts.append(time.perf_counter_ns())
+        log_probs = torch.log_softmax(self.logits[level], dim=-1)
+        self.ready.append(time.perf_counter_ns())
+        return log_probs
+
+    def advance(self, level: int, parent: torch.Tensor, token: torch.Tensor) -> None:
+        return None
+
+
+class LevelTimer(PhaseTimer):
+    """A PhaseTimer that also keeps each phase's calls per level (the level the scorer is on): for a
+    processor, its `candidates` / `apply` call, then its `advance`."""
+
+    def __init__(self, device: torch.device, scorer: ReplayScorer) -> None:
+        super().__init__(device)
+        self.scorer = scorer
+        self.per_level: dict[str, dict[int, list[int]]] = {}
+
+    def add(self, name: str, ns: int) -> None:
+        super().add(name, ns)
+        self.per_level.setdefault(name, {}).setdefault(len(self.scorer.starts) - 1, []).append(ns)
+
+
+@dataclass
+class DecodeTiming:
+    codes: torch.Tensor  # [batch, beam, L]
+    scores: torch.Tensor  # [batch, beam]
+    total_ns: int
+    level_ns: list[int]  # whole step of each level (log-softmax, constraint, selection, advance)
+    select_ns: list[int]  # the same after the log-softmax: what the constraint changes
+    mask_ns: list[int]  # the constraint's candidates or mask (its first call of the level)
+    processor_ns: list[int]  # the constraint processor's whole share: mask + state advance
 
 
 def synthetic_decode(
-    backend, logits: list[torch.Tensor], batch: int, beam: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Constrained beam search over fixed logits; returns (codes [batch, beam, L], scores [batch, beam])."""
+    backend: MaskBackend | None, logits: list[torch.Tensor], batch: int, beam: int, dense: bool = False
+) -> DecodeTiming:
+    """Constrained beam search over fixed logits through the beam core (backend None: unconstrained;
+    `dense`: the dense path on every level)."""
     dev = logits[0].device
-    state = backend.init_state(batch, dev)
-    lp, aux = backend.apply(0, state, torch.log_softmax(logits[0], dim=-1))
-    v = lp.shape[-1]
-    scores, code = lp.topk(min(beam, v), dim=-1)
-    state = backend.advance(
-        0, state, aux, torch.arange(batch, device=dev).repeat_interleave(beam), code.reshape(-1)
+    levels = len(logits)
+    processors = (
+        [] if backend is None else [DenseConstraint(backend) if dense else ConstraintProcessor(backend)]
     )
-    codes = code[..., None]
-    rows = torch.arange(batch, device=dev)[:, None] * beam
-    for level in range(1, len(logits)):
-        lp, aux = backend.apply(level, state, torch.log_softmax(logits[level], dim=-1))
-        t = lp.shape[-1]
-        scores, flat = (scores[:, :, None] + lp.view(batch, beam, t)).view(batch, beam * t).topk(beam, dim=-1)
-        parent, code = flat // t, flat % t
-        codes = torch.cat([codes.gather(1, parent[..., None].expand(-1, -1, level)), code[..., None]], dim=2)
-        if level < len(logits) - 1:
-            state = backend.advance(level, state, aux, (rows + parent).reshape(-1), code.reshape(-1))
-    return codes, scores
+    scorer = ReplayScorer(logits)
+    timer = LevelTimer(dev, scorer)
+    _sync(dev)
+    t0 = time.perf_counter_ns()
+    out = run_beam_search(scorer, processors, batch, beam, levels, dev, timer)
+    _sync(dev)
+    end = time.perf_counter_ns()
+    bounds = [*scorer.starts, end]
+    calls = timer.per_level.get("mask", {})
+    return DecodeTiming(
+        out.codes,
+        out.scores,
+        end - t0,
+        [bounds[i + 1] - bounds[i] for i in range(levels)],
+        [bounds[i + 1] - scorer.ready[i] for i in range(levels)],
+        [calls.get(i, [0])[0] for i in range(levels)],
+        [sum(calls.get(i, [0])) for i in range(levels)],
+    )
 
 
 def make_logits(
@@ -172,6 +246,31 @@ def _sync(dev: torch.device) -> None:
         torch.cuda.synchronize()
 
 
+def per_level_median_ms(runs: list[DecodeTiming], what: str) -> list[float]:
+    """Median over the repeats of one per-level time (a DecodeTiming field), per level, in ms."""
+    return [float(np.median(v)) / 1e6 for v in zip(*(getattr(r, what) for r in runs))]
+
+
+def level_paths(tm) -> list[str]:
+    """Which path each level takes: 'sparse' (candidates) or 'dense' (the [R, T] bias row)."""
+    return ["sparse" if tm.proposes_candidates(level) else "dense" for level in range(tm.levels)]
+
+
+def build_arm(name: str, cset, args: argparse.Namespace, dev: torch.device, tms: dict) -> MaskBackend | None:
+    """The backend of one arm (None: unconstrained); STATIC arms share one index per path choice."""
+    if name == "unconstrained":
+        return None
+    if name not in STATIC_ARMS:
+        return BASELINES[name](cset, dev)
+    key = "dense" if name == "static_dense" else "auto"
+    if key not in tms:
+        tb = time.perf_counter()
+        tm = build_transition_matrix(cset, args.dense_levels, 0.0 if key == "dense" else args.sparse_fraction)
+        tms[key] = tm.to(dev)
+        tms[f"{key}_build_s"] = time.perf_counter() - tb
+    return StaticMask(tms[key], "triton" if name == "static_triton" else "torch")
+
+
 def run(args: argparse.Namespace) -> dict:
     dev = torch.device(args.device)
     torch.set_num_threads(args.threads)
@@ -182,57 +281,53 @@ def run(args: argparse.Namespace) -> dict:
         t0 = time.perf_counter()
         cset = uniform_random(sizes_cb, n, seed=args.seed)
         set_s = time.perf_counter() - t0
-        backends, info = {}, {}
+        backends, tms = {}, {}
         for name in args.backends:
             t0 = time.perf_counter()
-            if name == "unconstrained":
-                be = Unconstrained()
-            elif name.startswith("static_"):
-                key = "tm"
-                if key not in info:
-                    tb = time.perf_counter()
-                    tm = build_transition_matrix(cset, args.dense_levels)
-                    info[key] = tm.to(dev)
-                    info["tm_build_s"] = time.perf_counter() - tb
-                be = StaticMask(info[key], name.split("_", 1)[1])
-            else:
-                be = BASELINES[name](cset, dev)
+            be = build_arm(name, cset, args, dev, tms)
             _sync(dev)
             backends[name] = (be, time.perf_counter() - t0)
-        times: dict[str, list[float]] = {k: [] for k in backends}
+        runs: dict[str, list[DecodeTiming]] = {k: [] for k in backends}
         with torch.no_grad():
             for rep in range(args.warmup + args.repeats):
                 order = list(backends) if rep % 2 == 0 else list(reversed(backends))
                 for name in order:
-                    _sync(dev)
-                    t0 = time.perf_counter_ns()
-                    synthetic_decode(backends[name][0], logits, args.batch, args.beam)
-                    _sync(dev)
+                    timing = synthetic_decode(
+                        backends[name][0], logits, args.batch, args.beam, dense=name == "static_dense"
+                    )
                     if rep >= args.warmup:
-                        times[name].append((time.perf_counter_ns() - t0) / 1e6 / args.levels)
+                        runs[name].append(timing)
             rows = []
-            base = float(np.median(times["unconstrained"])) if "unconstrained" in times else None
+            steps = {k: [r.total_ns / 1e6 / args.levels for r in v] for k, v in runs.items()}
+            base = float(np.median(steps["unconstrained"])) if "unconstrained" in steps else None
             for name, (be, build_s) in backends.items():
-                codes, scores = synthetic_decode(be, logits, args.batch, args.beam)
-                found = torch.isfinite(scores).reshape(-1).cpu().numpy()
-                flat = codes.reshape(-1, args.levels).cpu().numpy()[found]
+                last = runs[name][-1]
+                found = torch.isfinite(last.scores).reshape(-1).cpu().numpy()
+                flat = last.codes.reshape(-1, args.levels).cpu().numpy()[found]
                 compliance = float(cset.contains(flat).mean()) if len(flat) else float("nan")
-                med = float(np.median(times[name]))
+                med = float(np.median(steps[name]))
                 row = {
                     "backend": name,
                     "set_size": n,
                     "step_ms_median": med,
-                    "step_ms_p99": float(np.percentile(times[name], 99)),
+                    "step_ms_p99": float(np.percentile(steps[name], 99)),
                     "overhead_ms": None if base is None else med - base,
                     "ratio_vs_unconstrained": None if base is None else med / base,
+                    "level_ms": per_level_median_ms(runs[name], "level_ns"),
+                    "step_ms_from_levels": sum(per_level_median_ms(runs[name], "level_ns")) / args.levels,
                     "build_s": build_s,
-                    "memory_mb": be.memory_bytes() / 2**20,
-                    "compliance": compliance if name != "unconstrained" else None,
+                    "memory_mb": 0.0 if be is None else be.memory_bytes() / 2**20,
+                    "compliance": compliance if be is not None else None,
                     "returned": int(found.sum()),
                 }
+                if isinstance(be, StaticMask):
+                    row["mask_ms"] = per_level_median_ms(runs[name], "mask_ns")
+                    row["processor_ms"] = per_level_median_ms(runs[name], "processor_ns")
+                    row["paths"] = ["dense"] * args.levels if name == "static_dense" else level_paths(be.tm)
                 rows.append(row)
             add_static_ratios(rows)
-            tm = info.get("tm")
+            add_level_ratios(rows)
+            tm = tms.get("auto", tms.get("dense"))
             extra = {}
             if tm is not None:
                 mem = tm.memory_bytes()["total"]
@@ -242,7 +337,7 @@ def run(args: argparse.Namespace) -> dict:
                     "within_u_max": mem <= tm.u_max_bytes(),
                     "mb_per_million_items": mem / 2**20 / (n / 1e6),
                     "max_branch": list(tm.max_branch),
-                    "tm_build_s": info["tm_build_s"],
+                    "tm_build_s": tms.get("auto_build_s", tms.get("dense_build_s")),
                 }
             if tm is not None and {"static_torch", "static_triton"} <= set(backends):
                 extra["vntk_kernel_us"] = kernel_timing(tm, args.batch * args.beam, args, dev)
@@ -286,16 +381,48 @@ def add_static_ratios(rows: list[dict]) -> None:
             r["overhead_vs_static_torch"] = r["overhead_ms"] / static["overhead_ms"]
 
 
+def add_level_ratios(rows: list[dict]) -> None:
+    """Each arm's step from per-level medians over unconstrained's. On a shared machine a decode now
+    and then loses the CPU for a scheduler slice (~4 ms, one level of one repeat): a per-level median
+    drops it, a whole-decode median does not when most decodes catch one."""
+    base = next((r for r in rows if r["backend"] == "unconstrained"), None)
+    for r in rows:
+        if base is not None:
+            r["ratio_from_levels"] = r["step_ms_from_levels"] / base["step_ms_from_levels"]
+
+
 def summary_table(results: list[dict]) -> str:
     """Per |C| and backend: step ms, overhead ms over unconstrained, and overhead / STATIC's."""
-    lines = [f"{'|C|':>10}  {'backend':<14} {'step ms':>9} {'overhead ms':>12} {'overhead / STATIC':>18}"]
+    lines = [
+        f"{'|C|':>10}  {'backend':<14} {'step ms':>9} {'overhead ms':>12} {'overhead / STATIC':>18}"
+        f" {'level-median step ms':>21} {'x unconstrained':>16}"
+    ]
     for res in results:
         for r in res["rows"]:
             ratio, over = r.get("overhead_vs_static_torch"), r["overhead_ms"]
             over_s = "-" if over is None else f"{over:.3f}"
             ratio_s = "-" if ratio is None else f"{ratio:.1f}x"
             step = f"{r['step_ms_median']:>9.3f}"
-            lines.append(f"{res['set_size']:>10}  {r['backend']:<14} {step} {over_s:>12} {ratio_s:>18}")
+            nan = float("nan")
+            levels = f"{r.get('step_ms_from_levels', nan):>21.3f} {r.get('ratio_from_levels', nan):>15.2f}x"
+            lines.append(
+                f"{res['set_size']:>10}  {r['backend']:<14} {step} {over_s:>12} {ratio_s:>18} {levels}"
+            )
+    return "\n".join(lines)
+
+
+def level_table(results: list[dict]) -> str:
+    """Per |C| and arm: each level's whole step in ms; STATIC arms also the mask call and the path."""
+    lines = []
+    for res in results:
+        for r in res["rows"]:
+            if "level_ms" not in r:
+                continue
+            steps = " ".join(f"{x:6.3f}" for x in r["level_ms"])
+            lines.append(f"{res['set_size']:>10}  {r['backend']:<14} step  {steps}")
+            if "mask_ms" in r:
+                masks = " ".join(f"{x:6.3f}" for x in r["mask_ms"])
+                lines.append(f"{'':>10}  {'':<14} mask  {masks}   {' '.join(p[0] for p in r['paths'])}")
     return "\n".join(lines)
 
 
@@ -308,6 +435,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--beam", type=int, default=70)
     p.add_argument("--dense-levels", type=int, default=2)
+    p.add_argument(
+        "--sparse-fraction",
+        type=float,
+        default=SPARSE_FRACTION,
+        help="a dense level takes the sparse path when B_l <= this * T_l (0: never, 1: always)",
+    )
     p.add_argument("--backends", nargs="+", default=None, choices=ALL_BACKENDS)
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
@@ -325,6 +458,7 @@ def main(argv: list[str] | None = None) -> int:
         args.backends = ["unconstrained", *args.backends]
     result = run(args)
     print(summary_table(result["results"]))
+    print(level_table(result["results"]))
     if args.out:
         atomic_write_text(args.out, json.dumps(result, indent=2) + "\n")
     return 0

@@ -8,7 +8,9 @@ a prefix rank, a hash) through beam selection:
     state = backend.advance(level, state, aux, parent, token)  # rows follow their chosen parents
 
 Backends that compute a bool mask first derive from `BoolMaskBackend`, which turns `mask` into
-`apply`; STATIC implements a fused `apply` directly (no [R, T] bool tensor).
+`apply`; STATIC implements a fused `apply` directly (no [R, T] bool tensor), and as a
+`CandidateBackend` also sparse `candidates`: each row's few allowed tokens and their log-probs, which
+the beam core ranks instead of all T tokens (decoding.beam_core.Candidates).
 """
 
 from __future__ import annotations
@@ -39,3 +41,24 @@ class BoolMaskBackend:
     def apply(self, level: int, state: Any, log_probs: torch.Tensor) -> tuple[torch.Tensor, Any]:
         allowed, aux = self.mask(level, state, log_probs)
         return log_probs.masked_fill(~allowed, float("-inf")), aux
+
+
+class CandidateBackend(MaskBackend, Protocol):
+    def candidates(
+        self, level: int, state: Any, log_probs: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, Any] | None:
+        """(log-probs [R, K] (-inf on empty slots), tokens [R, K], aux for `advance`), or None where
+        the level is cheaper dense (the caller then uses `apply`)."""
+        ...
+
+    def advance(
+        self,
+        level: int,
+        state: Any,
+        aux: Any,
+        parent: torch.Tensor,
+        token: torch.Tensor,
+        pick: torch.Tensor | None = None,
+    ) -> Any:
+        """As MaskBackend.advance; `pick` is the chosen slot's index into the flattened candidates."""
+        ...

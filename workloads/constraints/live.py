@@ -63,7 +63,8 @@ class LiveStaticMask(BoolMaskBackend):
     # --- building ------------------------------------------------------------------------------
     def _rebuild(self, codes: np.ndarray) -> None:
         base = ConstraintSet.from_codes(self.name_, self.sizes, codes)
-        tm = build_transition_matrix(base, self.d)
+        # dense paths for the dense levels: the live counts and `_path` read the dense_states table
+        tm = build_transition_matrix(base, self.d, sparse_fraction=0.0)
         self.base = StaticMask(tm.to(self.device))
         self.tm = self.base.tm
         self.row_ptr = tm.row_ptr.numpy().astype(np.int64)
@@ -179,7 +180,7 @@ class LiveStaticMask(BoolMaskBackend):
         t, d = self.sizes[level], self.d
         if level < d:
             m = self.dense_count[level].view(-1, t)[sb] > 0
-            aux_b = self.base._dense_state_rows[sb] if level == d - 1 else None
+            aux_b = None  # the advance computes the prefix (and reads dense_states at d - 1)
         else:
             m, aux_b = self._live_vntk(level, sb)
         aux_d = None
@@ -208,10 +209,8 @@ class LiveStaticMask(BoolMaskBackend):
         sb, sd = state
         aux_b, aux_d = aux
         d = self.d
-        if level < d - 1:
-            nb = sb[parent] * self.sizes[level] + token
-        elif level == d - 1:
-            nb = aux_b[parent, token].to(torch.int32)
+        if level < d:
+            nb = self.base.advance(level, sb, None, parent, token)
         else:
             nb = select_next_state(*aux_b, parent, token)
         nd = None

@@ -5,7 +5,8 @@ free of duplicates (codes, not mixed-radix keys: at the paper's V = 2048, L = 8 
 2^88 points and a key does not fit in an int64).
 
 Input handling (the upstream builder silently builds a wrong index from unsorted input; here the
-order of the input never matters):
+order of the input never matters, however the set is constructed: `ConstraintSet(...)` normalises
+exactly as `ConstraintSet.from_codes(...)` does):
 - unsorted rows are sorted, duplicate rows are dropped; both are counted in `stats`;
 - a row of the wrong length, a code outside its level's codebook, a non-integer array, or an
   empty set raise `ConstraintError` (a `UserInputError`) naming the problem and the fix.
@@ -100,19 +101,32 @@ def normalise_codes(
 
 @dataclass(frozen=True)
 class ConstraintSet:
-    """A named, sorted, duplicate-free set of allowed SIDs ([N, L] int32 codes)."""
+    """A named, sorted, duplicate-free set of allowed SIDs ([N, L] int32 codes).
+
+    Every construction normalises: `ConstraintSet(name, sizes, codes)` and `from_codes` both sort and
+    de-duplicate the rows, or raise `ConstraintError`, so no set can hold the unsorted rows from which
+    the upstream builder makes a silently wrong index. `stats` given by the caller are kept on top of
+    the normalisation's own (input_rows, was_sorted, duplicates_dropped)."""
 
     name: str
     codebook_sizes: tuple[int, ...]
     codes: np.ndarray
     stats: dict = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        sizes = codebook_sizes(self.codebook_sizes)
+        arr, stats = normalise_codes(sizes, self.codes, f"constraint set {self.name!r}")
+        # frozen: the normalised fields replace what the caller passed, once, here
+        object.__setattr__(self, "codebook_sizes", sizes)
+        object.__setattr__(self, "codes", arr)
+        object.__setattr__(self, "stats", {**stats, **self.stats})
+
     @classmethod
     def from_codes(
         cls, name: str, codec: SIDCodec | tuple[int, ...], codes: object, **extra_stats: object
     ) -> ConstraintSet:
-        arr, stats = normalise_codes(codec, codes, f"constraint set {name!r}")
-        return cls(name, codebook_sizes(codec), arr, {**stats, **extra_stats})
+        """The set of `codes` ([N, L] in any order, duplicates allowed) over a codec's codebooks."""
+        return cls(name, codebook_sizes(codec), codes, dict(extra_stats))
 
     @property
     def levels(self) -> int:
@@ -267,5 +281,4 @@ def uniform_random(
         codes, _ = normalise_codes(sizes, np.concatenate([codes, extra]))
     if len(codes) > n:
         codes = codes[np.sort(rng.choice(len(codes), size=n, replace=False))]
-    stats = {"input_rows": n, "was_sorted": True, "duplicates_dropped": 0, "rule": "uniform", "seed": seed}
-    return ConstraintSet(label, tuple(int(t) for t in sizes), codes, stats)  # already normalised
+    return ConstraintSet.from_codes(label, sizes, codes, rule="uniform", seed=seed)

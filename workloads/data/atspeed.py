@@ -60,9 +60,9 @@ def parse_split_file(path: Path) -> SplitLines:
         )
     items: dict[int, list[int]] = {}
     lines: dict[int, int] = {}
-    with path.open("r", encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            fields = line.split()
+    with path.open("rb") as f:  # bytes: a non-UTF-8 byte is reported with its line, not as a traceback
+        for lineno, raw in enumerate(f, start=1):
+            fields = _decode_line(path, lineno, raw).split()
             if not fields:
                 continue  # blank lines (e.g. a trailing newline) carry no user
             try:
@@ -82,6 +82,16 @@ def parse_split_file(path: Path) -> SplitLines:
     if not lines:
         raise DatasetError(f"{path}: empty file (no user lines); {FORMAT_HINT}")
     return SplitLines(path, items, lines)
+
+
+def _decode_line(path: Path, lineno: int, raw: bytes) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DatasetError(
+            f"{path}:{lineno}: byte {raw[e.start]:#04x} at column {e.start + 1} is not UTF-8 text; "
+            f"{FORMAT_HINT} (re-export the file as UTF-8 or remove the stray byte)"
+        ) from None
 
 
 def _is_int(text: str) -> bool:
@@ -114,7 +124,7 @@ def find_index_file(folder: Path, index: str | os.PathLike | None = None) -> Pat
 def _looks_like_index(path: Path) -> bool:
     """Cheap sniff: a JSON object whose first value is a list of '<x_N>'-like strings."""
     try:
-        with path.open("r", encoding="utf-8") as f:
+        with path.open("r", encoding="utf-8", errors="replace") as f:  # a sniff: never fail on bytes
             head = f.read(4096)
     except OSError:
         return False
@@ -124,7 +134,11 @@ def _looks_like_index(path: Path) -> bool:
 def parse_index(path: Path) -> np.ndarray:
     """Index JSON -> [N, L] int64 codes, row k = item with key str(k); keys must be 0..N-1."""
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
+        raw = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise DatasetError(
+            f"{path}: byte {e.start} is not UTF-8 text; the index must be one UTF-8 JSON object"
+        ) from None
     except json.JSONDecodeError as e:
         raise DatasetError(
             f"{path}:{e.lineno}: not valid JSON ({e.msg}); the index must be one JSON object"

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -29,6 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from genrec.workloads.errors import UserInputError
+from genrec.workloads.io import temp_sibling_dir
 from genrec.workloads.sid_codec import SIDCodec
 
 SCHEMA_VERSION = 1
@@ -147,12 +147,34 @@ def load_dataset(root: str | os.PathLike) -> Dataset:
     for name in ("manifest.json", "interactions.parquet", "items.parquet"):
         if not (root / name).is_file():
             raise DatasetError(f"{root / name}: missing; the folder is not a genrec dataset (rebuild it)")
-    manifest = Manifest.from_json((root / "manifest.json").read_text(), str(root / "manifest.json"))
-    interactions = pq.read_table(root / "interactions.parquet").to_pandas()
-    items = pq.read_table(root / "items.parquet").to_pandas()
+    manifest = Manifest.from_json(read_utf8(root / "manifest.json"), str(root / "manifest.json"))
+    interactions = read_parquet_file(root / "interactions.parquet")
+    items = read_parquet_file(root / "items.parquet")
     ds = Dataset(root, manifest, interactions, items)
     validate_dataset(ds)
     return ds
+
+
+REBUILD_HINT = "rebuild the folder with `genrec data synth` or `genrec data import` (or restore it)"
+
+
+def read_utf8(path: Path) -> str:
+    try:
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DatasetError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason}); {REBUILD_HINT}") from None
+
+
+def read_parquet_file(path: Path) -> pd.DataFrame:
+    """One Parquet file as a DataFrame; a truncated, empty or foreign file is a DatasetError naming it."""
+    try:
+        return pq.read_table(path).to_pandas()
+    except (pa.ArrowException, OSError, ValueError) as e:
+        size = path.stat().st_size
+        raise DatasetError(
+            f"{path}: not a readable Parquet file ({type(e).__name__}: {e}; {size} bytes); the file is "
+            f"truncated or corrupt: {REBUILD_HINT}"
+        ) from None
 
 
 def validate_dataset(ds: Dataset) -> None:
@@ -228,7 +250,7 @@ def write_dataset(
     if out.exists() and not overwrite:
         raise DatasetError(f"{out}: already exists; pass --overwrite to replace it or choose another --out")
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    tmp = temp_sibling_dir(out)  # removes what a killed earlier writer of `out` left behind
     try:
         pq.write_table(interactions, tmp / "interactions.parquet")
         pq.write_table(items, tmp / "items.parquet")

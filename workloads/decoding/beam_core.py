@@ -10,6 +10,15 @@ per-beam candidate cut and a final validity filter). Per level l:
     top W of scores[b, j] + lp[b*w + j, c] over (j, c) -> parent beam j, code c (pad with -inf)
     s_i = processor_i.advance(l, s_i, rows, codes);  scorer.advance(l, rows, codes)
 
+Sparse candidates: a processor with a `candidates` method (a `CandidateProcessor`, e.g. STATIC on its
+CSR levels) may return, instead of [R, T] log-probs, `Candidates`: each row's few allowed codes and
+their log-probs ([R, K], K = the level's branch factor). The selection then ranks w * K slots per user
+instead of w * T, maps the chosen slots back to (parent, code), and hands each candidate processor the
+chosen slots (`pick`) so it can advance its state without searching. A processor without that method
+gets the dense equivalent (`Candidates.dense()`), so mixing them stays exact. Sparse candidates are
+used with the default top-W selection only: a sampling selector draws noise per candidate, so a
+different candidate layout would change its draws.
+
 Scores are the model's unrenormalised log-probabilities, so a constrained SID scores what it scores
 unconstrained. Beams that cannot be filled (fewer valid completions than W) keep score -inf;
 `finish_beams` reports those slots as missing (code -1, item -1, not valid), never filled with SIDs
@@ -19,11 +28,12 @@ outside the constraint.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
 
+from genrec.kernels.constrained_mask_torch import dense_from_candidates
 from genrec.workloads.decoding.base import DecoderContext, PhaseTimer
 
 NEG_INF = float("-inf")
@@ -60,13 +70,60 @@ class LevelProcessor(Protocol):
 
 
 @dataclass(frozen=True)
+class Candidates:
+    """A level's sparse candidates, returned by a processor in place of dense log-probs [R, T].
+
+    Slot j of row r proposes code codes[r, j] with log-prob log_probs[r, j]; -inf marks an empty slot,
+    whose code is arbitrary (in [0, vocab), possibly a repeat of a real one). A row's real codes are
+    distinct."""
+
+    log_probs: Tensor  # [R, K]
+    codes: Tensor  # [R, K] integer codes
+    vocab: int  # T of the level
+
+    def dense(self) -> Tensor:
+        """The same scores as dense log-probs [R, T]: -inf off the candidates."""
+        return dense_from_candidates(self.log_probs, self.codes, self.vocab)
+
+
+def as_dense(log_probs: Tensor | Candidates) -> Tensor:
+    return log_probs.dense() if isinstance(log_probs, Candidates) else log_probs
+
+
+@runtime_checkable
+class CandidateProcessor(LevelProcessor, Protocol):
+    """A processor that can also propose (or edit) sparse candidates."""
+
+    def candidates(
+        self, level: int, state: Any, log_probs: Tensor | Candidates, beam_scores: Tensor
+    ) -> tuple[Tensor | Candidates, Any]:
+        """Like `apply`, for dense or sparse input; returns Candidates (given Candidates: with the same
+        slots, only scores edited) or dense log-probs."""
+        ...
+
+    def advance(
+        self, level: int, state: Any, parent: Tensor, token: Tensor, pick: Tensor | None = None
+    ) -> Any:
+        """As LevelProcessor.advance; `pick` [R'] (when the level's selection was sparse) is each new
+        beam's slot in the flattened [R * K] candidates."""
+        ...
+
+
+@dataclass(frozen=True)
 class LevelChoice:
     """The beams chosen at one level: score, parent beam (index into the previous level's beams), code."""
 
     scores: Tensor  # [B, W]
     parent: Tensor  # [B, W]
     code: Tensor  # [B, W]
-    log_probs: Tensor  # [B, w, T] what the selection saw (after the processors), per parent beam
+    seen: Tensor | Candidates  # what the selection saw (after the processors): [B, w, T] or sparse
+
+    @property
+    def log_probs(self) -> Tensor:
+        """[B, w, T] what the selection saw, per parent beam (sparse candidates made dense on demand)."""
+        if isinstance(self.seen, Candidates):
+            return self.seen.dense().view(self.scores.shape[0], -1, self.seen.vocab)
+        return self.seen
 
 
 @dataclass
@@ -87,10 +144,10 @@ class BeamSearchOutput:
     choices: list[LevelChoice]  # per searched level, in order
 
 
-def select_beams(scores: Tensor, log_probs: Tensor, beam_width: int) -> tuple[Tensor, Tensor, Tensor]:
-    """Top `beam_width` of scores[b, j] + log_probs[b, j, c]: (new scores [B, W], parent [B, W], code [B, W]).
+def top_flat(scores: Tensor, log_probs: Tensor, beam_width: int) -> tuple[Tensor, Tensor]:
+    """Top `beam_width` of scores[b, j] + log_probs[b, j, c]: (new scores [B, W], flat index j * t + c).
 
-    When fewer than W candidates exist, the rest are padded with score -inf (parent 0, code 0)."""
+    When fewer than W candidates exist, the rest are padded with score -inf (flat index 0)."""
     b, w, t = log_probs.shape
     cand = (scores[:, :, None] + log_probs).view(b, w * t)
     n = min(beam_width, w * t)
@@ -98,7 +155,32 @@ def select_beams(scores: Tensor, log_probs: Tensor, beam_width: int) -> tuple[Te
     if n < beam_width:
         top = torch.cat([top, top.new_full((b, beam_width - n), NEG_INF)], dim=1)
         flat = torch.cat([flat, flat.new_zeros(b, beam_width - n)], dim=1)
+    return top, flat
+
+
+def select_beams(scores: Tensor, log_probs: Tensor, beam_width: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Top `beam_width` of scores[b, j] + log_probs[b, j, c]: (new scores [B, W], parent [B, W], code [B, W]).
+
+    When fewer than W candidates exist, the rest are padded with score -inf (parent 0, code 0)."""
+    top, flat = top_flat(scores, log_probs, beam_width)
+    t = log_probs.shape[-1]
     return top, flat // t, flat % t
+
+
+def select_candidates(
+    scores: Tensor, cand: Candidates, beam_width: int, users: Tensor
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """select_beams over sparse candidates: (new scores, parent, code [B, W] long, pick [B*W]).
+
+    Ranks scores[b, j] + cand.log_probs[b*w + j, s] over (j, s); `pick` is the chosen slot's index into
+    the flattened [R * K] candidates; `users` = arange(B)[:, None]. Same scores, and the same beams up to
+    the order of equal scores, as select_beams over cand.dense()."""
+    b, w = scores.shape
+    k = cand.log_probs.shape[1]
+    top, flat = top_flat(scores, cand.log_probs.view(b, w, k), beam_width)
+    pick = (flat + users * (w * k)).view(-1)
+    code = cand.codes.reshape(-1).index_select(0, pick).view(b, -1).long()
+    return top, flat // k, code, pick
 
 
 class BeamSelector(Protocol):
@@ -161,23 +243,40 @@ def run_beam_search(
     else:
         states, scores, codes, first = list(start.states), start.scores, start.codes, start.level
     users = torch.arange(batch, device=device)[:, None]
+    # sparse candidates only under top-W selection (see the module doc)
+    proposes = [select is select_beams and isinstance(proc, CandidateProcessor) for proc in processors]
     choices = []
     for level in range(first, levels):
-        lp = scorer.level_log_probs(level)
+        seen: Tensor | Candidates = scorer.level_log_probs(level)
         flat_scores = scores.reshape(-1)
+        owners: list[int] = []  # the processors whose candidate slots the selection ranks
         for i, proc in enumerate(processors):
             with timer.phase(proc.phase):
-                lp, states[i] = proc.apply(level, states[i], lp, flat_scores)
+                if proposes[i]:
+                    was_sparse = isinstance(seen, Candidates)
+                    seen, states[i] = proc.candidates(level, states[i], seen, flat_scores)
+                    sparse = isinstance(seen, Candidates)
+                    owners = ([*owners, i] if was_sparse else [i]) if sparse else []
+                else:
+                    seen, states[i] = proc.apply(level, states[i], as_dense(seen), flat_scores)
+                    owners = []
         w = scores.shape[1]
-        lp = lp.view(batch, w, -1)
-        scores, parent, code = select(scores, lp, beam_width)
-        choices.append(LevelChoice(scores, parent, code, lp))
+        pick = None
+        if isinstance(seen, Candidates):
+            scores, parent, code, pick = select_candidates(scores, seen, beam_width, users)
+        else:
+            seen = seen.view(batch, w, -1)
+            scores, parent, code = select(scores, seen, beam_width)
+        choices.append(LevelChoice(scores, parent, code, seen))
         codes = torch.cat([codes.gather(1, parent[..., None].expand(-1, -1, level)), code[..., None]], dim=2)
         if level < levels - 1:
             rows, token = (users * w + parent).reshape(-1), code.reshape(-1)
             for i, proc in enumerate(processors):
                 with timer.phase(proc.phase):
-                    states[i] = proc.advance(level, states[i], rows, token)
+                    if pick is not None and i in owners:
+                        states[i] = proc.advance(level, states[i], rows, token, pick)
+                    else:
+                        states[i] = proc.advance(level, states[i], rows, token)
             scorer.advance(level, rows, token)
     return BeamSearchOutput(codes, scores, states, choices)
 

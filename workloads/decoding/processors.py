@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from genrec.workloads.constraints.backend import MaskBackend
+from genrec.workloads.decoding.beam_core import Candidates, as_dense
 from genrec.workloads.decoding.prefix_keys import PrefixKeySets
 
 NEG_INF = float("-inf")
@@ -32,12 +33,17 @@ class ConstraintState:
 
 
 class ConstraintProcessor:
-    """Masks every level with a constraint backend; rows carry the backend's state."""
+    """Masks every level with a constraint backend; rows carry the backend's state.
+
+    A beam_core.CandidateProcessor: with a backend that proposes sparse candidates (STATIC), the
+    levels it serves sparsely return `Candidates`; a baseline backend, a dense-path level, or
+    candidates already proposed by an earlier processor get the dense `apply`."""
 
     phase: ClassVar[str] = "mask"
 
     def __init__(self, backend: MaskBackend) -> None:
         self.backend = backend
+        self._propose = getattr(backend, "candidates", None)
 
     def init_state(self, batch: int, device: torch.device) -> ConstraintState:
         return ConstraintState(self.backend.init_state(batch, device))
@@ -48,8 +54,23 @@ class ConstraintProcessor:
         masked, aux = self.backend.apply(level, state.node, log_probs)
         return masked, ConstraintState(state.node, aux)
 
-    def advance(self, level: int, state: ConstraintState, parent: Tensor, token: Tensor) -> ConstraintState:
-        return ConstraintState(self.backend.advance(level, state.node, state.aux, parent, token))
+    def candidates(
+        self, level: int, state: ConstraintState, log_probs: Tensor | Candidates, beam_scores: Tensor
+    ) -> tuple[Tensor | Candidates, ConstraintState]:
+        if self._propose is None or isinstance(log_probs, Candidates):
+            return self.apply(level, state, as_dense(log_probs), beam_scores)
+        found = self._propose(level, state.node, log_probs)
+        if found is None:  # this level is cheaper dense
+            return self.apply(level, state, log_probs, beam_scores)
+        cand, codes, aux = found
+        return Candidates(cand, codes, log_probs.shape[1]), ConstraintState(state.node, aux)
+
+    def advance(
+        self, level: int, state: ConstraintState, parent: Tensor, token: Tensor, pick: Tensor | None = None
+    ) -> ConstraintState:
+        if pick is None:
+            return ConstraintState(self.backend.advance(level, state.node, state.aux, parent, token))
+        return ConstraintState(self.backend.advance(level, state.node, state.aux, parent, token, pick))
 
 
 def advance_prefix_keys(keys: Tensor, parent: Tensor, token: Tensor, codebook_size: int) -> Tensor:
