@@ -86,6 +86,31 @@ def current_environment(device: torch.device) -> Environment:
     )
 
 
+def benchmark_summary(
+    module: str,
+    argv: list[str] | None,
+    device: torch.device,
+    args: object,
+    rows: dict,
+    out: str | None = None,
+    **extra: object,
+) -> dict:
+    """A benchmark's JSON record: its command line, the environment, `extra` fields, its arguments and
+    result rows; written atomically to `out` when given."""
+    summary = {
+        "command": command_line(module, argv),
+        "environment": asdict(current_environment(device)),
+        **extra,
+        "args": vars(args),
+        "rows": rows,
+    }
+    if out:
+        from genrec.workloads.io import atomic_write_text
+
+        atomic_write_text(out, json.dumps(summary, indent=2, default=str) + "\n")
+    return summary
+
+
 def peak_memory_mb(device: torch.device) -> float:
     """Peak GPU memory allocated by torch on CUDA; the process's peak resident set on CPU."""
     if device.type == "cuda":

@@ -16,9 +16,7 @@ would give: beam / (arm - draft time), i.e. what is left if drafting cost nothin
 from __future__ import annotations
 
 import argparse
-import json
 import time
-from dataclasses import asdict
 
 import numpy as np
 import torch
@@ -26,8 +24,7 @@ import torch
 from genrec.workloads.decoding.base import DecoderContext, DecodeResult, get_decoder, make_params
 from genrec.workloads.errors import UserInputError
 from genrec.workloads.evaluation import load_context
-from genrec.workloads.io import atomic_write_text
-from genrec.workloads.results import command_line, current_environment
+from genrec.workloads.results import benchmark_summary
 
 MODULE = "genrec.workloads.benchmarks.atspeed_latency"
 
@@ -150,15 +147,7 @@ def main(argv: list[str] | None = None) -> dict:
             f"(prefill {ph['prefill']:.2f}, draft {ph['draft']:.2f}, verify {ph['verify']:.2f}){extra}",
             flush=True,
         )
-    summary = {
-        "command": command_line(MODULE, argv),
-        "environment": asdict(current_environment(ctx.device)),
-        "args": vars(args),
-        "rows": rows,
-    }
-    if args.out:
-        atomic_write_text(args.out, json.dumps(summary, indent=2, default=str) + "\n")
-    return summary
+    return benchmark_summary(MODULE, argv, ctx.device, args, rows, args.out)
 
 
 if __name__ == "__main__":

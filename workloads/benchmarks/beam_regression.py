@@ -16,12 +16,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -29,9 +27,8 @@ import torch
 
 from genrec.workloads.decoding.base import DecoderContext, get_decoder, make_params
 from genrec.workloads.errors import UserInputError
-from genrec.workloads.io import atomic_write_text
 from genrec.workloads.models.transformer import GRTransformer, model_config_for
-from genrec.workloads.results import command_line, current_environment
+from genrec.workloads.results import benchmark_summary
 from genrec.workloads.sid_codec import SIDCodec
 
 MODULE = "genrec.workloads.benchmarks.beam_regression"
@@ -153,15 +150,7 @@ def main(argv: list[str] | None = None) -> dict:
                     )
         finally:
             sys.path.remove(tmp)
-    summary = {
-        "command": command_line(MODULE, argv),
-        "environment": asdict(current_environment(torch.device("cpu"))),
-        "args": vars(args),
-        "rows": rows,
-    }
-    if args.out:
-        atomic_write_text(args.out, json.dumps(summary, indent=2) + "\n")
-    return summary
+    return benchmark_summary(MODULE, argv, torch.device("cpu"), args, rows, args.out)
 
 
 if __name__ == "__main__":

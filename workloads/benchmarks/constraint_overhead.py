@@ -19,9 +19,8 @@ Also reported: beam search's search overhead share (decode - decode_forward) / d
 from __future__ import annotations
 
 import argparse
-import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -29,10 +28,9 @@ import torch
 from genrec.workloads.decoding import mtp as _mtp  # noqa: F401  (registers nezha)
 from genrec.workloads.decoding.base import DecoderContext, DecodeResult, get_decoder, make_params
 from genrec.workloads.errors import UserInputError
-from genrec.workloads.io import atomic_write_text
 from genrec.workloads.models.nezha_head import HeadConfig, build_head
 from genrec.workloads.models.transformer import GRTransformer, model_config_for
-from genrec.workloads.results import command_line, current_environment
+from genrec.workloads.results import benchmark_summary
 from genrec.workloads.sid_codec import SIDCodec
 
 MODULE = "genrec.workloads.benchmarks.constraint_overhead"
@@ -152,16 +150,8 @@ def main(argv: list[str] | None = None) -> dict:
                 ),
                 flush=True,
             )
-    summary = {
-        "command": command_line(MODULE, argv),
-        "environment": asdict(current_environment(ctx.device)),
-        "constraint_size": len(cset.codes),
-        "args": vars(args),
-        "rows": rows,
-    }
-    if args.out:
-        atomic_write_text(args.out, json.dumps(summary, indent=2, default=str) + "\n")
-    return summary
+    size = len(cset.codes)
+    return benchmark_summary(MODULE, argv, ctx.device, args, rows, args.out, constraint_size=size)
 
 
 if __name__ == "__main__":

@@ -92,6 +92,35 @@ class StepOutcome:
     verified: list[int] = field(default_factory=list)  # per drafted position j: users verified there
     passed: list[int] = field(default_factory=list)  # ... and accepted there
 
+    @classmethod
+    def empty(cls, g: int, k: int, levels: int, t: int, device: torch.device) -> StepOutcome:
+        return cls(
+            torch.zeros(g, k, levels, dtype=torch.long, device=device),
+            torch.full((g, k), NEG_INF, device=device),
+            torch.full((g,), t, dtype=torch.long, device=device),
+            torch.zeros(g, dtype=torch.long, device=device),
+        )
+
+    def count(self, active: Tensor, accept: Tensor) -> None:
+        """Acceptance statistics of one drafted level."""
+        self.verified.append(int(active.sum()))
+        self.passed.append(int((active & accept).sum()))
+
+    def settle(self, active: Tensor, accept: Tensor, codes: Tensor, top: Tensor, level: int) -> Tensor:
+        """Record the users that stop at `level` (active, not accepted); return who goes on."""
+        finish = active & ~accept
+        self.codes[finish, :, : level + 1] = codes[finish]
+        self.scores[finish] = top[finish]
+        self.level[finish] = level + 1
+        self.accepted += (active & accept).long()
+        return active & accept
+
+
+def extend_codes(codes: Tensor, parent: Tensor, code: Tensor) -> Tensor:
+    """Beams [G, W, l+1]: each new beam's parent's codes [G, w, l], then its own code."""
+    level = codes.shape[2]
+    return torch.cat([codes.gather(1, parent[..., None].expand(-1, -1, level)), code[..., None]], dim=2)
+
 
 # --- drafting ------------------------------------------------------------------------------------------
 def draft_levels(
@@ -203,14 +232,8 @@ def verify_strict(
 ) -> StepOutcome:
     """Algorithm 1 for a group: the target's beam search with beam K, level by level over the tree."""
     g, w, t = tree.committed.shape
-    levels = codec.levels
     device = scores.device
-    out = StepOutcome(
-        torch.zeros(g, k, levels, dtype=torch.long, device=device),
-        torch.full((g, k), NEG_INF, device=device),
-        torch.full((g,), t, dtype=torch.long, device=device),
-        torch.zeros(g, dtype=torch.long, device=device),
-    )
+    out = StepOutcome.empty(g, k, codec.levels, t, device)
     states = replay_processors(processors, tree.committed, codec.codebook_sizes)
     codes, beams = tree.committed, torch.arange(w, device=device).expand(g, w)
     active = torch.ones(g, dtype=torch.bool, device=device)
@@ -220,22 +243,16 @@ def verify_strict(
         lp = parent_log_probs(m, users, tree, tree_logits, j, beams, codec)
         lp, states = apply_processors(processors, states, level, lp, scores)
         top, parent, code = select_beams(scores, lp, k)
-        codes = torch.cat([codes.gather(1, parent[..., None].expand(-1, -1, level)), code[..., None]], dim=2)
+        codes = extend_codes(codes, parent, code)
         if j < gamma:
             drafted = tree.levels[j]
             alive = torch.isfinite(choices[j].scores)
             found, index = match_drafted(beams.gather(1, parent), code, drafted, alive, lp.shape[-1])
             accept = (found | ~torch.isfinite(top)).all(-1)
-            out.verified.append(int(active.sum()))
-            out.passed.append(int((active & accept).sum()))
+            out.count(active, accept)
         else:
             accept = torch.zeros(g, dtype=torch.bool, device=device)
-        finish = active & ~accept
-        out.codes[finish, :, : level + 1] = codes[finish]
-        out.scores[finish] = top[finish]
-        out.level[finish] = level + 1
-        out.accepted += (active & accept).long()
-        active &= accept
+        active = out.settle(active, accept, codes, top, level)
         if not bool(active.any()):
             break
         states = advance_processors(processors, states, level, parent, code, lp.shape[1])
@@ -258,14 +275,8 @@ def verify_relaxed(
 ) -> StepOutcome:
     """Algorithm 2 for a group: accept drafted sequences by p/q, resample from norm(max(0, p - q))."""
     g, w, t = tree.committed.shape
-    levels = codec.levels
     device = scores.device
-    out = StepOutcome(
-        torch.zeros(g, k, levels, dtype=torch.long, device=device),
-        torch.full((g, k), NEG_INF, device=device),
-        torch.full((g,), t, dtype=torch.long, device=device),
-        torch.zeros(g, dtype=torch.long, device=device),
-    )
+    out = StepOutcome.empty(g, k, codec.levels, t, device)
     states = replay_processors(processors, tree.committed, codec.codebook_sizes)
     codes, beams = tree.committed, torch.arange(w, device=device).expand(g, w)
     active = torch.ones(g, dtype=torch.bool, device=device)
@@ -287,8 +298,7 @@ def verify_relaxed(
             keep = alive & (r <= ratio)
             accept = (keep | ~alive).all(-1)
             chosen, real = resample(p_log, q_log, flat, keep, k, gen)
-            out.verified.append(int(active.sum()))
-            out.passed.append(int((active & accept).sum()))
+            out.count(active, accept)
         else:  # the level after the drafted ones: a target sampling-beam-search step
             chosen, real = sample_without_replacement(p_log, k, gen)
             accept = torch.zeros(g, dtype=torch.bool, device=device)
@@ -296,24 +306,13 @@ def verify_relaxed(
         top = torch.where(real, cand.gather(1, chosen), NEG_INF)
         top, order = top.sort(dim=-1, descending=True)
         chosen = chosen.gather(1, order)
-        parent, code = chosen // tsize, chosen % tsize
-        new_codes = torch.cat(
-            [codes.gather(1, parent[..., None].expand(-1, -1, level)), code[..., None]], dim=2
-        )
-        finish = active & ~accept
-        out.codes[finish, :, : level + 1] = new_codes[finish]
-        out.scores[finish] = top[finish]
-        out.level[finish] = level + 1
-        out.accepted += (active & accept).long()
-        active &= accept
+        active = out.settle(active, accept, extend_codes(codes, chosen // tsize, chosen % tsize), top, level)
         if not bool(active.any()):
             break
         # all drafted sequences kept: the next level's parents are the drafted beams, in draft order
         drafted = tree.levels[j]
         flat = drafted.parent * tsize + drafted.code
-        codes = torch.cat(
-            [codes.gather(1, drafted.parent[..., None].expand(-1, -1, level)), drafted.code[..., None]], dim=2
-        )
+        codes = extend_codes(codes, drafted.parent, drafted.code)
         states = advance_processors(processors, states, level, drafted.parent, drafted.code, lp.shape[1])
         alive = torch.isfinite(choices[j].scores)
         scores = torch.where(alive, (scores[:, :, None] + lp).view(g, -1).gather(1, flat), NEG_INF)
