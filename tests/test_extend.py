@@ -8,28 +8,10 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from genrec.workloads.models.transformer import GRTransformer, ModelConfig
+from test_model import make_model, random_prompts
 
 VOCAB = 40
 TOL = dict(atol=2e-5, rtol=1e-4)
-
-
-def make_model(seed=0):
-    torch.manual_seed(seed)
-    cfg = ModelConfig(vocab_size=VOCAB, dim=32, n_layers=2, n_heads=4, max_seq_len=128)
-    return GRTransformer(cfg).eval()
-
-
-def random_prompts(rng, batch, max_len):
-    lens = rng.integers(1, max_len + 1, size=batch)
-    s = int(lens.max())
-    tokens = torch.zeros(batch, s, dtype=torch.long)
-    mask = torch.zeros(batch, s, dtype=torch.bool)
-    for i, n in enumerate(lens):
-        tokens[i, s - n :] = torch.from_numpy(rng.integers(3, VOCAB, size=n))
-        mask[i, s - n :] = True
-    return tokens, mask
 
 
 def random_tree(rng, rows, n):
@@ -82,8 +64,8 @@ def recompute(model, prompt, pmask, steps, block, tree):
 )
 def test_extend_equals_full_recomputation(batch, beams, prior, n, use_tree, seed):
     rng = np.random.default_rng(seed)
-    model = make_model(seed % 5)
-    prompt, pmask = random_prompts(rng, batch, 8)
+    model = make_model(seed=seed % 5)
+    prompt, pmask = random_prompts(rng, batch, VOCAB, 8)
     rows = batch * beams
     cache = model.prefill(prompt, pmask).cache.expand(beams, prior + n)
     steps = torch.from_numpy(rng.integers(3, VOCAB, size=(rows, prior)))
@@ -108,8 +90,8 @@ def test_extend_equals_full_recomputation(batch, beams, prior, n, use_tree, seed
 @given(batch=st.integers(1, 3), beams=st.integers(1, 3), seed=st.integers(0, 10_000))
 def test_step_is_extend_with_one_token(batch, beams, seed):
     rng = np.random.default_rng(seed)
-    model = make_model(seed % 3)
-    prompt, pmask = random_prompts(rng, batch, 6)
+    model = make_model(seed=seed % 3)
+    prompt, pmask = random_prompts(rng, batch, VOCAB, 6)
     out = model.prefill(prompt, pmask)
     a, b = out.cache.expand(beams, 3), out.cache.expand(beams, 3)
     for _ in range(3):
@@ -126,8 +108,8 @@ def test_keep_then_steps_equals_recomputation_on_the_kept_path(batch, n, after, 
     """Verify a draft tree in one extend, commit one root-to-node path per row, decode on: the result
     equals recomputing the prompt + the kept path + the new steps."""
     rng = np.random.default_rng(seed)
-    model = make_model(seed % 5)
-    prompt, pmask = random_prompts(rng, batch, 7)
+    model = make_model(seed=seed % 5)
+    prompt, pmask = random_prompts(rng, batch, VOCAB, 7)
     cache = model.prefill(prompt, pmask).cache.expand(1, 1 + n + after)
     first = torch.from_numpy(rng.integers(3, VOCAB, size=(batch, 1)))
     model.extend(first, cache)  # one committed step before the draft
@@ -156,7 +138,7 @@ def test_keep_then_steps_equals_recomputation_on_the_kept_path(batch, n, after, 
 def test_truncate_drops_the_block_and_decoding_continues():
     rng = np.random.default_rng(0)
     model = make_model()
-    prompt, pmask = random_prompts(rng, 2, 5)
+    prompt, pmask = random_prompts(rng, 2, VOCAB, 5)
     cache = model.prefill(prompt, pmask).cache.expand(1, 6)
     steps = torch.from_numpy(rng.integers(3, VOCAB, size=(2, 2)))
     model.extend(steps, cache)
@@ -177,8 +159,8 @@ def test_truncate_drops_the_block_and_decoding_continues():
 def test_expand_a_cache_with_decoded_steps_equals_recomputation(batch, seed):
     """beams 1 -> 3 after two decoded steps: every new beam row holds its user's steps (not another's)."""
     rng = np.random.default_rng(seed)
-    model = make_model(seed % 3)
-    prompt, pmask = random_prompts(rng, batch, 6)
+    model = make_model(seed=seed % 3)
+    prompt, pmask = random_prompts(rng, batch, VOCAB, 6)
     cache = model.prefill(prompt, pmask).cache.expand(1, 4)
     steps = torch.from_numpy(rng.integers(3, VOCAB, size=(batch, 2)))
     model.extend(steps, cache)
@@ -198,7 +180,7 @@ def test_expand_a_cache_with_decoded_steps_equals_recomputation(batch, seed):
 
 def test_bad_blocks_and_tree_masks_are_rejected():
     model = make_model()
-    prompt, pmask = random_prompts(np.random.default_rng(0), 1, 4)
+    prompt, pmask = random_prompts(np.random.default_rng(0), 1, VOCAB, 4)
     cache = model.prefill(prompt, pmask).cache.expand(2, 3)
     with pytest.raises(ValueError, match="room"):
         model.extend(torch.ones(2, 4, dtype=torch.long), cache)
