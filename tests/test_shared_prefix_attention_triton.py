@@ -19,7 +19,7 @@ triton = pytest.importorskip(
 
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
-from test_extend import make_model, random_prompts  # noqa: E402
+from test_extend import VOCAB, make_model, random_prompts  # noqa: E402
 from test_shared_prefix_attention import plain_reference, random_case  # noqa: E402
 
 from genrec.kernels import shared_prefix_attention as spa  # noqa: E402
@@ -118,8 +118,8 @@ def test_backend_is_registered_by_name():
 def test_model_decodes_the_same_with_either_backend(indexed):
     """Cached steps with reorders and a tree-masked block: the triton backend gives the torch logits."""
     rng = np.random.default_rng(0)
-    model = make_model(1).to(DEVICE)
-    prompt, pmask = random_prompts(rng, 2, 6)
+    model = make_model(seed=1).to(DEVICE)
+    prompt, pmask = random_prompts(rng, 2, VOCAB, 6)
     pre = model.prefill(prompt.to(DEVICE), pmask.to(DEVICE))
     beams = 3
     caches = {name: pre.cache.expand(beams, 6, indexed=indexed) for name in ("torch", "triton")}

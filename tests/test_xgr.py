@@ -159,8 +159,8 @@ def test_buffer_pool_lends_one_buffer_at_a_time():
 def test_indexed_cache_equals_the_copying_cache(batch, beams, seed):
     """Steps, reorders, a tree block, keep, truncate and a re-expand: the same logits from both layouts."""
     rng = np.random.default_rng(seed)
-    model = make_model(seed % 3)
-    prompt, pmask = random_prompts(rng, batch, 6)
+    model = make_model(seed=seed % 3)
+    prompt, pmask = random_prompts(rng, batch, VOCAB, 6)
     pre = model.prefill(prompt, pmask)
     copy, index = pre.cache.expand(beams, 10), pre.cache.expand(beams, 10, indexed=True)
     rows = batch * beams
@@ -201,7 +201,7 @@ def test_indexed_cache_equals_the_copying_cache(batch, beams, seed):
 
 
 def test_expand_into_lent_storage():
-    model = make_model(0)
+    model = make_model(seed=0)
     pre = model.prefill(torch.tensor([[5, 6, 7]]), torch.ones(1, 3, dtype=torch.bool))
     bufs = xgr.DecodeBuffers.build(model, 1, 3, 4)
     storage = (bufs.beam_k, bufs.beam_v, bufs.beam_rows)
