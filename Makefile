@@ -18,11 +18,16 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install -q -e ".[dev,peers]"
 	touch $@
 
+# The demo's data set is harder than the synth default (3000 items, more drift), so decoders differ.
+DEMO_SYNTH := --seed 0 --num-items 3000 --codebook-size 16 --num-clusters 30 --num-subclusters 6 \
+	--drift-prob 0.3 --follow-prob 0.15 --sub-stickiness 0.3 --popularity-skew 0.7
+
 demo: setup
-	$(BIN)/genrec data synth --out $(RUNS)/data/synth --seed 0 --overwrite
-	$(BIN)/genrec train --data $(RUNS)/data/synth --model tiny --out $(RUNS)/models/tiny --epochs 8 --overwrite
-	$(BIN)/genrec eval --model $(RUNS)/models/tiny --decoder beam --beam-width 10 --k 5 10 --quiet
-	$(BIN)/genrec sweep experiments/beam_width.yaml --overwrite
+	$(BIN)/genrec data synth --out $(RUNS)/data/demo $(DEMO_SYNTH) --overwrite
+	$(BIN)/genrec train --data $(RUNS)/data/demo --model small --out $(RUNS)/models/demo-small --epochs 8 --overwrite
+	$(BIN)/genrec train --data $(RUNS)/data/demo --model small --out $(RUNS)/models/demo-nezha --epochs 8 --objective nezha --overwrite
+	$(BIN)/genrec train --data $(RUNS)/data/demo --model tiny --out $(RUNS)/models/demo-draft --epochs 8 --overwrite
+	$(BIN)/genrec sweep experiments/demo.yaml --overwrite
 
 test: setup
 	$(BIN)/ruff check .

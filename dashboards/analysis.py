@@ -255,3 +255,14 @@ def default_budgets(
     if values.empty:
         return []
     return sorted({round_up_significant(float(values.quantile(q))) for q in quantiles})
+
+
+def constant_value(values: Iterable[object]) -> float | None:
+    """The one value of a metric that is the same for every configuration (two or more finite values,
+    equal to 1e-9 relative), else None: such a panel says one sentence instead of drawing a flat
+    line."""
+    v = pd.to_numeric(pd.Series(list(values), dtype=object), errors="coerce").astype(float).dropna()
+    if len(v) < 2:
+        return None
+    lo, hi = float(v.min()), float(v.max())
+    return lo if math.isclose(lo, hi, rel_tol=1e-9, abs_tol=1e-12) else None

@@ -8,162 +8,49 @@ over seeds) at the main setting (tree attention on, the most common (N, gamma), 
 their full objective, with the paired difference over seeds; (e) Table 2: Recall@K and NDCG@K of
 relaxed AtSpeed-R against the target's sampling beam search on the same users, with a one-sided paired
 t-test over seeds of H1 "AtSpeed-R below the target"; (f) the share of strict batches whose top-K
-equals beam search's (1.0: lossless). `genrec report` dispatches here when every row is an
-atspeed_arm row.
+equals beam search's (1.0: lossless). The report registry (registry.py) sends atspeed_arm rows here;
+objectives keep their colours from style.py on every panel.
 """
 
 from __future__ import annotations
 
-import inspect
 import os
-from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from genrec.dashboards.report import (
-    PALETTE,
-    _FigureWriter,
-    environment_section,
-    fmt_mean_std,
-    html_table,
-    write_page,
+from genrec.dashboards.atspeed_rows import (  # noqa: F401  (is_atspeed_frame: the page's row test)
+    ABLATIONS,
+    LABELS,
+    MAX_LEVELS,
+    at_setting,
+    by_seed,
+    cell,
+    is_atspeed_frame,
+    label,
+    latest_per_setting,
+    main_setting,
+    mean_std,
+    ordered,
+    ordered_groups,
+    sections_by_dataset,
+    tidy,
 )
-from genrec.workloads.benchmarks.atspeed_arms import VERIFICATIONS, arm_point
+from genrec.dashboards.page import FigureWriter, PageContext, finish_page, fmt_mean_std, html_table
+from genrec.dashboards.style import colour, rate_axis, tint, trace_styles
+from genrec.workloads.benchmarks.atspeed_arms import VERIFICATIONS
 from genrec.workloads.metrics import paired_t_test_less
 
-LABELS = {
-    "sft": "SFT",
-    "wordkd": "WordKD",
-    "seqkd": "SeqKD",
-    "tvdkd": "TVDKD",
-    "atspeed_s": "AtSpeed-S",
-    "atspeed_r": "AtSpeed-R",
-}
-# ablated objective -> (full objective, variant name as in the paper's Figure 3)
-ABLATIONS = {
-    "atspeed_s-no_dr": ("atspeed_s", "w/o DR"),
-    "atspeed_s-no_ca": ("atspeed_s", "w/o CA"),
-    "atspeed_r-no_ca": ("atspeed_r", "w/o CA"),
-    "atspeed_r-top1": ("atspeed_r", "w/o top-K"),
-}
-SETTING = ("objective", "verification", "k", "draft_beams", "gamma", "tree_attention")
-# arm_point arguments that change what a row measures without being an axis of the page: rows that
-# differ in one of them go into separate sections (like two datasets)
-CONTEXT = ("target_size", "draft_size", "epochs", "alpha", "teacher_k", "users", "batch_size", "repeats")
-DEFAULTS = {n: p.default for n, p in inspect.signature(arm_point).parameters.items() if n != "objective"}
-MAX_LEVELS = 8  # acceptance_level_1.. columns read (SIDs have L = 3..8 levels)
+# an ablation reads as a lighter shade of its full objective's colour
+VARIANT_TINT = {"w/o DR": 0.3, "w/o top-K": 0.3, "w/o CA": 0.5, "w/o TA": 0.7}
 
 
-def is_atspeed_frame(df: pd.DataFrame) -> bool:
-    return "benchmark" in df.columns and df["benchmark"].eq("atspeed_arm").all()
-
-
-def label(objective: str) -> str:
+def objective_colour(objective: str, variant: str = "") -> str:
+    """The objective's fixed colour (style.py); an ablated objective or a variant a lighter shade of it."""
     if objective in ABLATIONS:
-        full, variant = ABLATIONS[objective]
-        return f"{LABELS[full]} {variant}"
-    return LABELS.get(objective, objective)
-
-
-def ordered(values: Sequence[str], known: Sequence[str]) -> list[str]:
-    present = set(values)
-    return [v for v in known if v in present] + sorted(present - set(known))
-
-
-# ------------------------------------------------------------------------------------------ tidy rows
-
-
-def _param(df: pd.DataFrame, name: str) -> pd.Series:
-    """param_<name>, with arm_point's default where a sweep left it to the function."""
-    default = DEFAULTS.get(name)
-    if f"param_{name}" not in df.columns:
-        return pd.Series([default] * len(df), index=df.index, dtype=object)
-    return df[f"param_{name}"].astype(object).where(df[f"param_{name}"].notna(), default)
-
-
-def _at_k(df: pd.DataFrame, prefix: str, ks: pd.Series) -> pd.Series:
-    """Per row, the column `<prefix>@<its K>` (quality columns are named by K, one K per row)."""
-    values = [df.at[i, f"{prefix}@{k}"] if f"{prefix}@{k}" in df.columns else np.nan for i, k in ks.items()]
-    return pd.to_numeric(pd.Series(values, index=df.index, dtype=object), errors="coerce")
-
-
-def _number(df: pd.DataFrame, col: str) -> pd.Series:
-    return pd.to_numeric(df[col], errors="coerce") if col in df.columns else pd.Series(np.nan, df.index)
-
-
-def tidy(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per result row: the setting, seed, a dataset label and the metrics this page reads."""
-    t = pd.DataFrame(index=df.index)
-    t["objective"] = _param(df, "objective").astype(str)
-    t["verification"] = _param(df, "verification").astype(str)
-    for name in ("k", "draft_beams", "gamma"):
-        t[name] = _param(df, name).astype(int)
-    t["tree_attention"] = _param(df, "tree_attention").map(lambda v: str(v).lower() in ("true", "1", "1.0"))
-    t["seed"] = _number(df, "seed").astype(int)
-    named = df["dataset"].astype(str) if "dataset" in df.columns else pd.Series("", index=df.index)
-    t["data"] = named.where(
-        ~named.isin(["", "nan", "None"]), _param(df, "data").map(lambda p: Path(str(p)).name)
-    )
-    for name in CONTEXT:
-        t[name] = _param(df, name).astype(str)
-    for col in ("ws", "accepted_steps", "target_calls", "identical_share"):
-        t[col] = _number(df, col)
-    for j in range(1, MAX_LEVELS + 1):
-        if f"acceptance_level_{j}" in df.columns:
-            t[f"acceptance_level_{j}"] = _number(df, f"acceptance_level_{j}")
-    for side in ("reference", "atspeed"):
-        for family in ("recall", "ndcg"):
-            t[f"{side}_{family}"] = _at_k(df, f"{side}_{family}", t["k"])
-    return t
-
-
-def sections_by_dataset(t: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
-    """(label, rows) per dataset, split further by any context argument that varies within it."""
-    out: list[tuple[str, pd.DataFrame]] = []
-    for name, part in t.groupby("data", sort=True):
-        varying = [c for c in CONTEXT if part[c].nunique() > 1]
-        if not varying:
-            out.append((str(name), part))
-            continue
-        for values, sub in part.groupby(varying, sort=True):
-            values = values if isinstance(values, tuple) else (values,)
-            out.append((f"{name} ({', '.join(f'{c}={v}' for c, v in zip(varying, values))})", sub))
-    return out
-
-
-def main_setting(t: pd.DataFrame) -> tuple[bool, int, int]:
-    """(tree attention, N, gamma) of Table 1: tree attention on when any row has it, then the (N, gamma)
-    with the most rows (the sweep's fixed defaults; experiments/atspeed_n_gamma.yaml adds a few rows at
-    many pairs), arm_point's defaults on ties."""
-    tree = bool(t["tree_attention"].any())
-    counts = t[t["tree_attention"] == tree].groupby(["draft_beams", "gamma"]).size()
-    top = [pair for pair, n in counts.items() if n == counts.max()]
-    default = (DEFAULTS["draft_beams"], DEFAULTS["gamma"])
-    n, g = default if default in top else top[0]
-    return tree, int(n), int(g)
-
-
-def at_setting(t: pd.DataFrame, setting: tuple[bool, int, int]) -> pd.DataFrame:
-    tree, n, g = setting
-    return t[(t["tree_attention"] == tree) & (t["draft_beams"] == n) & (t["gamma"] == g)]
-
-
-def mean_std(values: pd.Series) -> tuple[float, float]:
-    v = values.dropna()
-    if v.empty:
-        return float("nan"), float("nan")
-    return float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else 0.0
-
-
-def cell(values: pd.Series, digits: int) -> str:
-    return fmt_mean_std(*mean_std(values), digits)
-
-
-def by_seed(rows: pd.DataFrame) -> pd.DataFrame:
-    """One row per seed (the latest, if a sweep was re-run into the same folder)."""
-    return rows.drop_duplicates("seed", keep="last").set_index("seed").sort_index()
+        objective, variant = ABLATIONS[objective]
+    return tint(colour(objective), VARIANT_TINT.get(variant, 0.4)) if variant else colour(objective)
 
 
 # ------------------------------------------------------------------------------------ (a) Table 1
@@ -209,7 +96,7 @@ def level_columns(t: pd.DataFrame) -> list[str]:
 def acceptance_table(main: pd.DataFrame) -> str:
     levels = level_columns(main)
     rows = []
-    for (verification, objective, k), part in _groups(main, ("verification", "objective", "k")):
+    for (verification, objective, k), part in ordered_groups(main, ("verification", "objective", "k")):
         rows.append(
             [
                 verification,
@@ -223,21 +110,7 @@ def acceptance_table(main: pd.DataFrame) -> str:
     return html_table(headers, rows)
 
 
-def _groups(rows: pd.DataFrame, keys: tuple[str, ...]) -> list[tuple[tuple, pd.DataFrame]]:
-    """groupby in the page's order: verifications and objectives as the paper lists them, then K."""
-    order = {
-        "verification": ordered(rows["verification"], VERIFICATIONS),
-        "objective": ordered(rows["objective"], [*LABELS, *ABLATIONS]),
-    }
-    keyed = {tuple(key if isinstance(key, tuple) else (key,)): part for key, part in rows.groupby(list(keys))}
-
-    def rank(key: tuple) -> tuple:
-        return tuple(order[name].index(v) if name in order else v for name, v in zip(keys, key))
-
-    return [(key, keyed[key]) for key in sorted(keyed, key=rank)]
-
-
-def acceptance_figure(main: pd.DataFrame, figure: _FigureWriter) -> str:
+def acceptance_figure(main: pd.DataFrame, figure: FigureWriter) -> str:
     """Acceptance rate vs drafted level at one K (10 when swept), one panel per verification."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
@@ -255,7 +128,7 @@ def acceptance_figure(main: pd.DataFrame, figure: _FigureWriter) -> str:
     shown: set[str] = set()  # one legend entry per objective, whichever panel has it first
     for col, verification in enumerate(verifications, start=1):
         part = main[(main["verification"] == verification) & (main["k"] == k)]
-        for i, objective in enumerate(objectives):
+        for objective in objectives:
             rows = part[part["objective"] == objective]
             if rows.empty:
                 continue
@@ -269,16 +142,14 @@ def acceptance_figure(main: pd.DataFrame, figure: _FigureWriter) -> str:
                     legendgroup=objective,
                     showlegend=objective not in shown,
                     mode="lines+markers",
-                    line={"color": PALETTE[i % len(PALETTE)]},
+                    line={"color": objective_colour(objective)},
                 ),
                 row=1,
                 col=col,
             )
             shown.add(objective)
         fig.update_xaxes(title_text="drafted level j", dtick=1, row=1, col=col)
-        fig.update_yaxes(
-            title_text="acceptance rate at level j (share, 0-1)", range=[0, 1.05], row=1, col=col
-        )
+        fig.update_yaxes(title_text="acceptance rate at level j (share, 0–1)", row=1, col=col, **rate_axis())
     fig.update_layout(height=420)
     return figure(fig)
 
@@ -286,17 +157,19 @@ def acceptance_figure(main: pd.DataFrame, figure: _FigureWriter) -> str:
 # ------------------------------------------------------------------------------ (c) N and gamma
 
 
-def curve_figure(rows: pd.DataFrame, x: str, line: str, x_title: str, figure: _FigureWriter) -> str:
+def curve_figure(rows: pd.DataFrame, x: str, line: str, x_title: str, figure: FigureWriter) -> str:
     """WS@K and AS@K against `x`, one line per (verification, objective, K, `line` value)."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
     fig = make_subplots(rows=1, cols=2, subplot_titles=["walltime speedup WS@K", "accepted steps AS@K"])
     keys = ("verification", "objective", "k", line)
-    for i, (key, part) in enumerate(_groups(rows, keys)):
-        if part[x].nunique() < 2:
-            continue
+    groups = [(key, part) for key, part in ordered_groups(rows, keys) if part[x].nunique() >= 2]
+    # an objective's colour, a dash per (verification, K, other parameter) within it
+    styles = trace_styles((o, f"{v} {k} {other}") for (v, o, k, other), _ in groups)
+    for key, part in groups:
         verification, objective, k, other = key
+        style = styles[(objective, f"{verification} {k} {other}")]
         name = f"{label(objective)} {verification} K={k}, {'N' if line == 'draft_beams' else 'gamma'}={other}"
         for col, metric in enumerate(("ws", "accepted_steps"), start=1):
             stats = part.groupby(x)[metric].agg(["mean", "std"]).fillna({"std": 0.0})
@@ -309,7 +182,8 @@ def curve_figure(rows: pd.DataFrame, x: str, line: str, x_title: str, figure: _F
                     legendgroup=name,
                     showlegend=col == 1,
                     mode="lines+markers",
-                    line={"color": PALETTE[i % len(PALETTE)]},
+                    line={"color": objective_colour(objective), "dash": style.dash},
+                    marker={"symbol": style.symbol},
                 ),
                 row=1,
                 col=col,
@@ -321,7 +195,7 @@ def curve_figure(rows: pd.DataFrame, x: str, line: str, x_title: str, figure: _F
     return figure(fig)
 
 
-def curves_section(t: pd.DataFrame, figure: _FigureWriter) -> str:
+def curves_section(t: pd.DataFrame, figure: FigureWriter) -> str:
     tree = t[t["tree_attention"]]
     keys = ["verification", "objective", "k"]
     varies = {x: bool((tree.groupby(keys)[x].nunique() > 1).any()) for x in ("draft_beams", "gamma")}
@@ -346,7 +220,7 @@ def curves_section(t: pd.DataFrame, figure: _FigureWriter) -> str:
     swept = tree.groupby(keys)[["draft_beams", "gamma"]].transform("nunique").max(axis=1) > 1
     rows = [
         [v, label(o), k, n, g, len(part), cell(part["ws"], 2), cell(part["accepted_steps"], 2)]
-        for (v, o, k, n, g), part in _groups(
+        for (v, o, k, n, g), part in ordered_groups(
             tree[swept], ("verification", "objective", "k", "draft_beams", "gamma")
         )
     ]
@@ -398,7 +272,7 @@ def ablation_records(t: pd.DataFrame, setting: tuple[bool, int, int]) -> list[di
     """One record per (variant, verification, K): `paired` on WS@K and on AS@K."""
     out: list[dict] = []
     for full, variant, full_rows, ablated_rows in ablation_pairs(t, setting):
-        for (verification, k), part in _groups(ablated_rows, ("verification", "k")):
+        for (verification, k), part in ordered_groups(ablated_rows, ("verification", "k")):
             base = full_rows[(full_rows["verification"] == verification) & (full_rows["k"] == k)]
             out.append(
                 {
@@ -447,7 +321,7 @@ ABLATION_HEADERS = [
 ]
 
 
-def ablation_figure(records: list[dict], figure: _FigureWriter) -> str:
+def ablation_figure(records: list[dict], figure: FigureWriter) -> str:
     """Figure 3: bars of WS@K (top) and AS@K (bottom) per K for each full objective and its variants,
     one column per verification (means over the paired seeds, error bars ± std)."""
     import plotly.graph_objects as go
@@ -456,16 +330,19 @@ def ablation_figure(records: list[dict], figure: _FigureWriter) -> str:
     verifications = ordered([r["verification"] for r in records], VERIFICATIONS)
     titles = [f"{v}: {m}" for m in ("WS@K", "AS@K") for v in verifications]
     fig = make_subplots(rows=2, cols=len(verifications), subplot_titles=titles)
-    colours: dict[str, str] = {}  # one colour and one legend entry per bar name, across panels
+    shown: set[str] = set()  # one legend entry per bar name, across panels
     for col, verification in enumerate(verifications, start=1):
         bars: dict[str, dict[int, tuple[tuple[float, float], tuple[float, float]]]] = {}
+        colours: dict[str, str] = {}
         for r in (r for r in records if r["verification"] == verification):
             bars.setdefault(label(r["full"]), {}).setdefault(r["k"], (r["ws"]["full"], r["as"]["full"]))
             variant = f"{label(r['full'])} {r['variant']}"
             bars.setdefault(variant, {})[r["k"]] = (r["ws"]["variant"], r["as"]["variant"])
+            colours[label(r["full"])] = objective_colour(r["full"])
+            colours[variant] = objective_colour(r["full"], r["variant"])
         for name, per_k in bars.items():
-            first = name not in colours
-            colours.setdefault(name, PALETTE[len(colours) % len(PALETTE)])
+            first = name not in shown
+            shown.add(name)
             ks = sorted(per_k)
             for row in (1, 2):
                 stats = [per_k[k][row - 1] for k in ks]
@@ -484,8 +361,9 @@ def ablation_figure(records: list[dict], figure: _FigureWriter) -> str:
                 )
         fig.update_yaxes(title_text="WS@K (reference ms / AtSpeed ms, x)", rangemode="tozero", row=1, col=col)
         fig.update_yaxes(title_text="AS@K (accepted levels per SD step)", rangemode="tozero", row=2, col=col)
+        fig.update_xaxes(title_text="K (items recommended)", row=1, col=col)
         fig.update_xaxes(title_text="K (items recommended)", row=2, col=col)
-    fig.update_layout(barmode="group", height=680)
+    fig.update_layout(barmode="group", height=820)
     return figure(fig)
 
 
@@ -546,7 +424,7 @@ def identical_rows(t: pd.DataFrame) -> list[list[object]]:
     strict = t[t["verification"] == "strict"]
     ks = sorted(strict["k"].unique())
     rows = []
-    for (objective, tree), part in _groups(strict, ("objective", "tree_attention")):
+    for (objective, tree), part in ordered_groups(strict, ("objective", "tree_attention")):
         mins = [part.loc[part["k"] == k, "identical_share"].min() for k in ks]
         cells = ["–" if pd.isna(m) else f"{m:.4f}" for m in mins]
         rows.append([label(objective), "on" if tree else "off", len(part), *cells])
@@ -574,7 +452,7 @@ def identical_section(t: pd.DataFrame) -> str:
 
 
 def dataset_sections(
-    t: pd.DataFrame, name: str, anchor: str, figure: _FigureWriter
+    t: pd.DataFrame, name: str, anchor: str, figure: FigureWriter
 ) -> list[tuple[str, str, str]]:
     setting = main_setting(t)
     tree, n, g = setting
@@ -623,22 +501,15 @@ def dataset_sections(
     ]
 
 
-def latest_per_setting(t: pd.DataFrame) -> pd.DataFrame:
-    """One row per setting and seed: the latest (rows come oldest first). Two sweeps can measure the same
-    point (atspeed_n_gamma's N = 40, gamma = 3 is a Table 1 cell); a mean ± std over seeds must count
-    each seed once."""
-    keys = ["data", *CONTEXT, *SETTING, "seed"]
-    return t.drop_duplicates(keys, keep="last")
-
-
-def build_atspeed_report(df: pd.DataFrame, out: str | os.PathLike, title: str) -> Path:
-    figure = _FigureWriter()
+def build_atspeed_report(
+    df: pd.DataFrame, out: str | os.PathLike, title: str, *, context: PageContext = PageContext()
+) -> Path:
+    figure = FigureWriter()
     t = latest_per_setting(tidy(df))
     sections: list[tuple[str, str, str]] = []
     for i, (name, part) in enumerate(sections_by_dataset(t)):
         sections += dataset_sections(part, name, f"d{i}", figure)
-    sections += environment_section(df)
     subtitle = f"{len(df)} result rows: {len(t)} (objective, verification, K, N, gamma, tree attention, seed)"
     if len(t) < len(df):
         subtitle += f"; {len(df) - len(t)} repeated points: the latest row counts"
-    return write_page(Path(out), title, subtitle, sections)
+    return finish_page(Path(out), title, subtitle, sections, df, context)

@@ -4,8 +4,9 @@ One figure per metric against one `param_*` column (x): one line per combination
 that vary (e.g. one per backend), points averaged over seeds, log-log axes when the x values span more
 than two decades (the y axis goes log only where every value is positive). x is the requested
 parameter when the rows vary it, else the first varying numeric parameter. Rows whose metric is NaN
-(e.g. a baseline point the benchmark skipped) are left out of that figure. `build_report` dispatches
-here for benchmark rows that are not MaRI rows.
+(e.g. a baseline point the benchmark skipped) are left out of that figure; a metric with the same value
+on every row is one sentence instead of a flat figure. The report registry (registry.py) sends here
+the benchmark rows that no dedicated page claims.
 """
 
 from __future__ import annotations
@@ -15,17 +16,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from genrec.dashboards.analysis import PARAM_PREFIX, format_value
-from genrec.dashboards.report import (
-    DASHES,
-    PALETTE,
-    _esc,
-    _FigureWriter,
-    _plotly,
-    environment_section,
-    html_table,
-    write_page,
-)
+from genrec.dashboards.analysis import PARAM_PREFIX, constant_value, format_value
+from genrec.dashboards.figures import flat_sentences
+from genrec.dashboards.page import FigureWriter, PageContext, esc, finish_page, html_table, plotly
+from genrec.dashboards.style import axis, is_rate, trace_styles
 
 LOG_SPAN = 100.0  # x values spanning more than two decades get log axes
 NOT_METRICS = {"seed", "threads", "schema_version", "trial_wall_s", "trial_started_at", "skipped", "returned"}
@@ -74,8 +68,10 @@ def _label(key: tuple, groups: list[str]) -> str:
 
 
 def metric_figure(df: pd.DataFrame, xcol: str, groups: list[str], metric: str):
-    """One line per combination of `groups`; mean over seeds of `metric` vs x; None when no point."""
-    go, _ = _plotly()
+    """One line per combination of `groups`; mean over seeds of `metric` vs x; None when no point.
+    A line's colour is that of its first group's value (backend=static is STATIC's red on every
+    page), the other groups change its dash."""
+    go, _ = plotly()
     rows = df[[xcol, *groups]].copy()
     rows[xcol] = pd.to_numeric(rows[xcol])
     rows["y"] = pd.to_numeric(df[metric], errors="coerce")
@@ -83,11 +79,13 @@ def metric_figure(df: pd.DataFrame, xcol: str, groups: list[str], metric: str):
     if rows.empty:
         return None
     agg = rows.groupby([*groups, xcol], dropna=False, as_index=False)["y"].agg(["mean", "std", "count"])
+    parts = list(agg.groupby(groups, dropna=False, sort=True)) if groups else [((), agg)]
+    keys = [key if isinstance(key, tuple) else (key,) for key, _ in parts]
+    styles = trace_styles(_style_key(key) for key in keys)
     fig = go.Figure()
-    parts = agg.groupby(groups, dropna=False, sort=True) if groups else [((), agg)]
-    for i, (key, part) in enumerate(parts):
-        key = key if isinstance(key, tuple) else (key,)
+    for key, (_, part) in zip(keys, parts):
         part = part.sort_values(xcol)
+        style = styles[_style_key(key)]
         fig.add_trace(
             go.Scatter(
                 x=part[xcol],
@@ -99,26 +97,31 @@ def metric_figure(df: pd.DataFrame, xcol: str, groups: list[str], metric: str):
                 },
                 mode="lines+markers",
                 name=_label(key, groups),
-                line={"color": PALETTE[i % len(PALETTE)], "dash": DASHES[(i // len(PALETTE)) % len(DASHES)]},
+                line={"color": style.colour, "dash": style.dash},
+                marker={"color": style.colour, "symbol": style.symbol},
             )
         )
-    x_name = xcol[len(PARAM_PREFIX) :]
-    layout: dict = {
-        "height": 430,
-        "title": f"{metric} vs {x_name}",
-        "xaxis_title": x_name,
-        "yaxis_title": metric,
-    }
-    if log_axes(agg[xcol]):
-        layout["xaxis_type"] = "log"
-        if (agg["mean"] > 0).all():
-            layout["yaxis_type"] = "log"
-    fig.update_layout(**layout, margin={"t": 60})
+    x_log = log_axes(agg[xcol])
+    y_log = x_log and bool((agg["mean"] > 0).all()) and not is_rate(metric)
+    fig.update_layout(
+        height=430,
+        title=f"{metric} vs {xcol[len(PARAM_PREFIX) :]}",
+        xaxis=axis(xcol, agg[xcol], log=x_log, discrete=True),
+        yaxis=axis(metric, agg["mean"], df, log=y_log),
+        margin={"t": 60},
+    )
     return fig
 
 
+def _style_key(key: tuple) -> tuple[str, str]:
+    """(colour name, variant): the first group's value names the colour, the rest the dash."""
+    if not key:
+        return ("all", "")
+    return (format_value(key[0]), ", ".join(format_value(v) for v in key[1:]))
+
+
 def benchmark_sections(
-    df: pd.DataFrame, name: str, figure: _FigureWriter, x_param: str | None, metric: str | None
+    df: pd.DataFrame, name: str, figure: FigureWriter, x_param: str | None, metric: str | None
 ) -> list[tuple[str, str, str]]:
     xcol = choose_x(df, x_param)
     metrics = benchmark_metrics(df, name)
@@ -134,13 +137,15 @@ def benchmark_sections(
         split = ", ".join(g[len(PARAM_PREFIX) :] for g in groups) or "nothing (one line)"
         x_name = xcol[len(PARAM_PREFIX) :]
         body = (
-            f'<p class="note">x = <code>{_esc(x_name)}</code>; one line per {_esc(split)}; '
+            f'<p class="note">x = <code>{esc(x_name)}</code>; one line per {esc(split)}; '
             "points are means over seeds (error bars one standard deviation when there are several); "
             f"log-log axes when x spans more than {LOG_SPAN:g}x. Missing points were skipped by the "
             "benchmark (NaN).</p>"
         )
+        flat = {m: v for m in metrics if (v := constant_value(df[m])) is not None}
+        body = flat_sentences(flat, "row") + body
         for m in metrics:
-            fig = metric_figure(df, xcol, groups, m)
+            fig = None if m in flat else metric_figure(df, xcol, groups, m)
             if fig is not None:
                 body += figure(fig)
     sections.append((f"{name}-lines", f"{name}: metrics vs parameters", body))
@@ -166,12 +171,13 @@ def build_benchmark_lines_report(
     title: str,
     x_param: str | None = None,
     metric: str | None = None,
+    *,
+    context: PageContext = PageContext(),
 ) -> Path:
-    figure = _FigureWriter()
+    figure = FigureWriter()
     sections: list[tuple[str, str, str]] = []
     for name in sorted(df["benchmark"].astype(str).unique()):
         part = df[df["benchmark"].astype(str) == name].dropna(axis=1, how="all")
         sections += benchmark_sections(part, name, figure, x_param, metric)
-    sections += environment_section(df)
     subtitle = f"{len(df)} result rows; benchmarks: {', '.join(sorted(df['benchmark'].astype(str).unique()))}"
-    return write_page(Path(out), title, subtitle, sections)
+    return finish_page(Path(out), title, subtitle, sections, df, context)

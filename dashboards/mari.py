@@ -5,7 +5,8 @@
     mari_fragmented  fragmented MaRI over neat MaRI and over the vanilla MatMul vs chunk size, with the
                      paper's Table 3 figures as dotted lines
     mari_model       VanI / UOI / MaRI latency bars per B and the speedups
-`genrec report` dispatches here from `build_report` when every row is a MaRI benchmark row.
+The report registry (registry.py) sends MaRI benchmark rows here. Every speed-up heatmap on the page
+shares one colour axis: a diverging scale centred at 1.0x with the same ends in every panel.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from genrec.dashboards.report import PALETTE, _FigureWriter, environment_section, html_table, write_page
+from genrec.dashboards.analysis import format_value
+from genrec.dashboards.page import FigureWriter, PageContext, finish_page, html_table
+from genrec.dashboards.style import DASHES, axis, colour, ratio_coloraxis, ratio_z, tint
 
 MARI_BENCHMARKS = ("mari_matmul", "mari_fragmented", "mari_model")
 # Table 3 of the paper: chunk -> (fragmented vs vanilla %, fragmented vs neat MaRI %)
@@ -39,9 +42,36 @@ def _mean_by(df: pd.DataFrame, keys: list[str], values: list[str]) -> pd.DataFra
     return frame.groupby(keys, as_index=False).mean(numeric_only=True)
 
 
-def matmul_sections(df: pd.DataFrame, figure: _FigureWriter) -> list[tuple[str, str, str]]:
+def heatmap_figure(part: pd.DataFrame, title: str, coloraxis: dict):
+    """Measured time speed-up and theoretical FLOPs speed-up over (B, D_user), side by side on the
+    page's one colour axis (log2 of the ratio, so 0.5x and 2x sit equally far from white 1.0x)."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
+
+    fig = make_subplots(1, 2, subplot_titles=("time speed-up (measured)", "FLOPs speed-up (theory)"))
+    for col, metric in ((1, "time_speedup"), (2, "flops_speedup")):
+        grid = part.pivot(index="d_user", columns="b", values=metric).sort_index()
+        fig.add_trace(
+            go.Heatmap(
+                z=[ratio_z(row) for row in grid.values],
+                x=[format_value(c) for c in grid.columns],
+                y=[format_value(i) for i in grid.index],
+                text=[[f"{v:.2f}x" for v in row] for row in grid.values],
+                texttemplate="%{text}",
+                coloraxis="coloraxis",
+                hovertemplate="B=%{x}<br>D_user=%{y}<br>" + metric + "=%{text}<extra></extra>",
+            ),
+            1,
+            col,
+        )
+        fig.update_xaxes(title_text="B (candidates)", type="category", row=1, col=col)
+        fig.update_yaxes(title_text="D_user", type="category", row=1, col=col)
+    fig.update_layout(height=400, title=title, margin={"t": 70}, coloraxis=coloraxis)
+    return fig
+
+
+def matmul_sections(df: pd.DataFrame, figure: FigureWriter) -> list[tuple[str, str, str]]:
+    import plotly.graph_objects as go
 
     keys = ["b", "d_user", "d_item", "d_hidden", "d_cross"]
     agg = _mean_by(df, keys, ["time_speedup", "flops_speedup", "time_vanilla_ms", "time_mari_ms"])
@@ -49,50 +79,40 @@ def matmul_sections(df: pd.DataFrame, figure: _FigureWriter) -> list[tuple[str, 
     body = (
         '<p class="note">Cells: median vanilla time / median MaRI time (interleaved reps, same inputs), and '
         "the theoretical FLOPs ratio of appendix B (eq. 8 / eq. 9). "
-        "One pair per (D_item, D_hidden, D_cross). Paper (GPU): time 0.97-1.61x, FLOPs 1.4-10.95x.</p>"
+        "One pair per (D_item, D_hidden, D_cross); one colour scale for every panel: white = 1.0x, blue = "
+        "MaRI faster, red = slower. Paper (GPU): time 0.97-1.61x, FLOPs 1.4-10.95x.</p>"
     )
+    coloraxis = ratio_coloraxis([*agg["time_speedup"], *agg["flops_speedup"]])
     for (di, dh, dc), part in agg.groupby(["d_item", "d_hidden", "d_cross"]):
-        fig = make_subplots(1, 2, subplot_titles=("time speedup (measured)", "FLOPs speedup (theory)"))
-        for col, metric in ((1, "time_speedup"), (2, "flops_speedup")):
-            grid = part.pivot(index="d_user", columns="b", values=metric).sort_index()
-            fig.add_trace(
-                go.Heatmap(
-                    z=grid.values,
-                    x=[str(c) for c in grid.columns],
-                    y=[str(i) for i in grid.index],
-                    text=[[f"{v:.2f}x" for v in row] for row in grid.values],
-                    texttemplate="%{text}",
-                    colorscale="Viridis",
-                    showscale=False,
-                    hovertemplate="B=%{x}<br>D_user=%{y}<br>" + metric + "=%{z:.3f}<extra></extra>",
-                ),
-                1,
-                col,
-            )
-            fig.update_xaxes(title_text="B (candidates)", type="category", row=1, col=col)
-            fig.update_yaxes(title_text="D_user", type="category", row=1, col=col)
-        fig.update_layout(height=380, title=f"D_item={di}, D_hidden={dh}, D_cross={dc}", margin={"t": 70})
-        body += figure(fig)
+        title = f"D_item={format_value(di)}, D_hidden={format_value(dh)}, D_cross={format_value(dc)}"
+        body += figure(heatmap_figure(part, title, coloraxis))
     sections.append(("mari-heatmaps", "MaRI vs vanilla MatMul: speedup heatmaps", body))
 
     fig = go.Figure()
-    for i, ((du, di, dh, dc), part) in enumerate(agg.groupby(["d_user", "d_item", "d_hidden", "d_cross"])):
+    d_users = sorted(agg["d_user"].unique())
+    shapes = sorted({tuple(k) for k in agg[["d_item", "d_hidden", "d_cross"]].itertuples(index=False)})
+    for key, part in agg.groupby(["d_user", "d_item", "d_hidden", "d_cross"]):
         part = part.sort_values("b")
+        name = " ".join(
+            f"{k}={format_value(v)}" for k, v in zip(("D_user", "D_item", "D_hidden", "D_cross"), key)
+        )
+        # MaRI's colour, lighter for a smaller D_user; a dash per (D_item, D_hidden, D_cross)
+        shade = tint(
+            colour("mari"), 0.6 * (len(d_users) - 1 - d_users.index(key[0])) / max(1, len(d_users) - 1)
+        )
+        dash = DASHES[shapes.index(tuple(key[1:])) % len(DASHES)]
         fig.add_trace(
             go.Scatter(
                 x=part["b"],
                 y=part["time_speedup"],
                 mode="lines+markers",
-                name=f"Du={du} Di={di} d={dh} Dc={dc}",
-                line={"color": PALETTE[i % len(PALETTE)]},
+                name=name,
+                line={"color": shade, "dash": dash},
             )
         )
     fig.add_hline(y=1.0, line_dash="dot", line_color="#888")
     fig.update_layout(
-        height=450,
-        xaxis_title="B (candidates)",
-        yaxis_title="time speedup (vanilla / MaRI)",
-        xaxis_type="log",
+        height=450, xaxis=axis("b", agg["b"], log=len(set(agg["b"])) > 1), yaxis=axis("time_speedup")
     )
     sections.append(("mari-lines", "Time speedup vs B", figure(fig)))
     rows = [
@@ -118,7 +138,7 @@ def matmul_sections(df: pd.DataFrame, figure: _FigureWriter) -> list[tuple[str, 
     return sections
 
 
-def fragmented_sections(df: pd.DataFrame, figure: _FigureWriter) -> list[tuple[str, str, str]]:
+def fragmented_sections(df: pd.DataFrame, figure: FigureWriter) -> list[tuple[str, str, str]]:
     import plotly.graph_objects as go
 
     agg = _mean_by(
@@ -133,47 +153,29 @@ def fragmented_sections(df: pd.DataFrame, figure: _FigureWriter) -> list[tuple[s
         ],
     )
     agg = agg.sort_values("chunk")
-    fig = go.Figure()
-    fig.add_trace(
-        go.Scatter(
-            x=agg["chunk"],
-            y=agg["degradation_vs_neat_pct"],
-            mode="lines+markers",
-            name="fragmented vs neat MaRI (measured)",
-            line={"color": PALETTE[0]},
-        )
-    )
-    fig.add_trace(
-        go.Scatter(
-            x=agg["chunk"],
-            y=agg["degradation_vs_vanilla_pct"],
-            mode="lines+markers",
-            name="fragmented vs vanilla (measured)",
-            line={"color": PALETTE[1]},
-        )
-    )
     chunks = sorted(PAPER_TABLE3)
-    fig.add_trace(
-        go.Scatter(
-            x=chunks,
-            y=[PAPER_TABLE3[c][1] for c in chunks],
-            mode="lines+markers",
-            name="vs neat MaRI (paper, GPU)",
-            line={"color": PALETTE[0], "dash": "dot"},
-        )
+    # (x, y, name, baseline whose colour the line takes, dash): measured solid, the paper's dotted
+    lines = (
+        (agg["chunk"], agg["degradation_vs_neat_pct"], "fragmented vs neat MaRI (measured)", "mari", "solid"),
+        (
+            agg["chunk"],
+            agg["degradation_vs_vanilla_pct"],
+            "fragmented vs vanilla (measured)",
+            "vani",
+            "solid",
+        ),
+        (chunks, [PAPER_TABLE3[c][1] for c in chunks], "vs neat MaRI (paper, GPU)", "mari", "dot"),
+        (chunks, [PAPER_TABLE3[c][0] for c in chunks], "vs vanilla (paper, GPU)", "vani", "dot"),
     )
-    fig.add_trace(
-        go.Scatter(
-            x=chunks,
-            y=[PAPER_TABLE3[c][0] for c in chunks],
-            mode="lines+markers",
-            name="vs vanilla (paper, GPU)",
-            line={"color": PALETTE[1], "dash": "dot"},
-        )
-    )
+    fig = go.Figure()
+    for x, y, name, baseline, dash in lines:
+        line = {"color": colour(baseline), "dash": dash}
+        fig.add_trace(go.Scatter(x=list(x), y=list(y), mode="lines+markers", name=name, line=line))
     fig.add_hline(y=0.0, line_dash="dot", line_color="#888")
     fig.update_layout(
-        height=450, xaxis_title="chunk size (columns)", yaxis_title="latency increase (%)", xaxis_type="log"
+        height=450,
+        xaxis=axis("chunk", [*agg["chunk"], *chunks], log=True),
+        yaxis=axis("degradation_vs_neat_pct", title="latency increase of fragmented MaRI (%)"),
     )
     rows = [
         [
@@ -196,7 +198,7 @@ def fragmented_sections(df: pd.DataFrame, figure: _FigureWriter) -> list[tuple[s
     return [("mari-fragmented", "Fragmented vs neat layout", note + figure(fig) + table)]
 
 
-def model_sections(df: pd.DataFrame, figure: _FigureWriter) -> list[tuple[str, str, str]]:
+def model_sections(df: pd.DataFrame, figure: FigureWriter) -> list[tuple[str, str, str]]:
     import plotly.graph_objects as go
 
     modes = [("vani", "VanI"), ("uoi", "UOI"), ("mari", "MaRI")]
@@ -208,12 +210,20 @@ def model_sections(df: pd.DataFrame, figure: _FigureWriter) -> list[tuple[str, s
     )
     agg = agg.sort_values("b")
     fig = go.Figure()
-    for i, (m, label) in enumerate(modes):
+    for m, label in modes:
         fig.add_trace(
-            go.Bar(x=[str(b) for b in agg["b"]], y=agg[f"time_{m}_ms"], name=label, marker_color=PALETTE[i])
+            go.Bar(
+                x=[format_value(b) for b in agg["b"]],
+                y=agg[f"time_{m}_ms"],
+                name=label,
+                marker_color=colour(m),
+            )
         )
     fig.update_layout(
-        barmode="group", height=450, xaxis_title="B (candidates)", yaxis_title="latency (ms, median)"
+        barmode="group",
+        height=450,
+        xaxis={**axis("b"), "type": "category"},
+        yaxis=axis("time_mari_ms", title="model latency per call, median over reps (ms)"),
     )
     rows = [
         [
@@ -235,8 +245,10 @@ def model_sections(df: pd.DataFrame, figure: _FigureWriter) -> list[tuple[str, s
     return [("mari-model", "Whole model: VanI / UOI / MaRI", figure(fig) + table)]
 
 
-def build_mari_report(df: pd.DataFrame, out: str | os.PathLike, title: str) -> Path:
-    figure = _FigureWriter()
+def build_mari_report(
+    df: pd.DataFrame, out: str | os.PathLike, title: str, *, context: PageContext = PageContext()
+) -> Path:
+    figure = FigureWriter()
     sections: list[tuple[str, str, str]] = []
     builders = {
         "mari_matmul": matmul_sections,
@@ -247,6 +259,5 @@ def build_mari_report(df: pd.DataFrame, out: str | os.PathLike, title: str) -> P
         part = df[df["benchmark"] == name]
         if not part.empty:
             sections += build(part, figure)
-    sections += environment_section(df)
     subtitle = f"{len(df)} result rows; benchmarks: {', '.join(sorted(df['benchmark'].unique()))}"
-    return write_page(out, title, subtitle, sections)
+    return finish_page(Path(out), title, subtitle, sections, df, context)

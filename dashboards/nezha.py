@@ -5,8 +5,8 @@ slots holding items, the share of unverified drafts that are items, p50 latency 
 and decode, training time and steps), quality bars with std error bars, stacked prefill/decode
 latency bars, and the one-sided paired t-tests over seeds (pairs matched by seed) of H1 "NEZHA
 below beam search" (also against beam-converged, when the sweep has it) and "NEZHA below MTP" on each
-quality metric: p >= 0.05 means not significantly below. `genrec report` dispatches here when every
-row is a nezha_arm row.
+quality metric: p >= 0.05 means not significantly below. The report registry (registry.py) sends
+nezha_arm rows here. Every arm keeps its colour from style.py (nezha orange, beam blue, ...).
 """
 
 from __future__ import annotations
@@ -17,14 +17,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from genrec.dashboards.report import (
-    PALETTE,
-    _FigureWriter,
-    environment_section,
-    fmt_mean_std,
-    html_table,
-    write_page,
-)
+from genrec.dashboards.page import FigureWriter, PageContext, finish_page, fmt_mean_std, html_table
+from genrec.dashboards.style import axis, colour, per_batch
 from genrec.workloads.benchmarks.nezha_arms import ARMS
 from genrec.workloads.metrics import paired_t_test_less
 
@@ -75,9 +69,68 @@ def paired_tests(df: pd.DataFrame, arm: str, other: str) -> list[list[object]]:
     return rows
 
 
-def dataset_sections(df: pd.DataFrame, label: str, anchor: str, figure: _FigureWriter) -> list:
+PHASE_COLOURS = {"prefill": "#4A5568", "decode": "#A0AEC0"}  # phases, not arms: greys
+EVAL_BATCH = ("param_eval_batch_size",)
+DEFAULT_EVAL_BATCH = 32  # nezha_arms.arm_point's eval_batch_size
+
+
+def quality_figure(arms: list[str], grouped: dict[str, pd.DataFrame]):
+    """One bar per arm (its fixed colour) in each metric's group; error bars ± std over seeds."""
     import plotly.graph_objects as go
 
+    fig = go.Figure()
+    for a in arms:
+        rows = grouped[a]
+        fig.add_trace(
+            go.Bar(
+                x=list(TESTED),
+                y=[_numeric(rows, m).mean() for m in TESTED],
+                error_y={
+                    "type": "data",
+                    "array": [_numeric(rows, m).std(ddof=1) if len(rows) > 1 else 0.0 for m in TESTED],
+                },
+                name=a,
+                marker_color=colour(a),
+            )
+        )
+    fig.update_layout(
+        barmode="group",
+        height=420,
+        xaxis={"title": {"text": "quality metric"}},
+        yaxis=axis("hr@10", title="HR@K / NDCG@K, mean over seeds ± std (share, 0–1)"),
+    )
+    return fig
+
+
+def latency_figure(arms: list[str], grouped: dict[str, pd.DataFrame], df: pd.DataFrame):
+    """Prefill and decode time per arm, stacked (means over seeds)."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    for col, name in (("prefill_ms", "prefill"), ("decode_ms", "decode")):
+        fig.add_trace(
+            go.Bar(
+                x=arms,
+                y=[_numeric(grouped[a], col).mean() for a in arms],
+                name=name,
+                marker_color=PHASE_COLOURS[name],
+            )
+        )
+    batch = (
+        per_batch(df, EVAL_BATCH)
+        if "param_eval_batch_size" in df
+        else f"per batch of {DEFAULT_EVAL_BATCH} users"
+    )
+    fig.update_layout(
+        barmode="stack",
+        height=380,
+        xaxis={"title": {"text": "arm"}},
+        yaxis=axis("decode_ms", title=f"time {batch} (ms, mean over seeds)"),
+    )
+    return fig
+
+
+def dataset_sections(df: pd.DataFrame, label: str, anchor: str, figure: FigureWriter) -> list:
     arms = arm_order(df["param_arm"])
     grouped = {a: df[df["param_arm"] == a] for a in arms}
     rows = []
@@ -91,23 +144,8 @@ def dataset_sections(df: pd.DataFrame, label: str, anchor: str, figure: _FigureW
         rows.append(cells)
     table = html_table(["arm", "seeds", *(name for _, name, _ in TABLE_COLUMNS)], rows)
 
-    quality = go.Figure()
-    for i, m in enumerate(TESTED):
-        means = [_numeric(grouped[a], m).mean() for a in arms]
-        stds = [_numeric(grouped[a], m).std(ddof=1) if len(grouped[a]) > 1 else 0.0 for a in arms]
-        quality.add_trace(
-            go.Bar(x=arms, y=means, name=m, marker_color=PALETTE[i], error_y={"type": "data", "array": stds})
-        )
-    quality.update_layout(barmode="group", height=420, yaxis_title="mean over seeds (bars: ± std)")
-
-    latency = go.Figure()
-    for i, (col, name) in enumerate((("prefill_ms", "prefill"), ("decode_ms", "decode"))):
-        latency.add_trace(
-            go.Bar(
-                x=arms, y=[_numeric(grouped[a], col).mean() for a in arms], name=name, marker_color=PALETTE[i]
-            )
-        )
-    latency.update_layout(barmode="stack", height=380, yaxis_title="ms per batch (mean over seeds)")
+    quality = quality_figure(arms, grouped)
+    latency = latency_figure(arms, grouped, df)
 
     tests = ""
     for other in ("beam", "beam-converged", "mtp"):
@@ -135,11 +173,14 @@ def dataset_sections(df: pd.DataFrame, label: str, anchor: str, figure: _FigureW
     ]
 
 
-def build_nezha_report(df: pd.DataFrame, out: str | os.PathLike, title: str) -> Path:
-    figure = _FigureWriter()
+def build_nezha_report(
+    df: pd.DataFrame, out: str | os.PathLike, title: str, *, context: PageContext = PageContext()
+) -> Path:
+    figure = FigureWriter()
     key = "dataset_name" if "dataset_name" in df.columns else "param_data"
     sections: list[tuple[str, str, str]] = []
     for i, (name, part) in enumerate(df.groupby(key, sort=True)):
         sections += dataset_sections(part, str(name), f"d{i}", figure)
-    sections += environment_section(df)
-    return write_page(Path(out), title, f"{len(df)} result rows (one per arm and seed)", sections)
+    return finish_page(
+        Path(out), title, f"{len(df)} result rows (one per arm and seed)", sections, df, context
+    )

@@ -15,26 +15,14 @@ from __future__ import annotations
 
 import math
 import os
-import shlex
 from pathlib import Path
 
 import pandas as pd
 
 from genrec.dashboards.analysis import format_value, is_missing
-from genrec.dashboards.report import (
-    BOTTOM_LEGEND,
-    PALETTE,
-    SYMBOLS,
-    _esc,
-    _FigureWriter,
-    _plotly,
-    default_out_path,
-    fmt_ms,
-    html_table,
-    legend_height,
-    provenance_block,
-    write_page,
-)
+from genrec.dashboards.page import FigureWriter, PageContext, esc, finish_page, fmt_ms, html_table, plotly
+from genrec.dashboards.rebuild import default_out_path, rebuild_command
+from genrec.dashboards.style import REFERENCE_COLOUR, TraceStyle, axis, log_axis, rate_axis, trace_styles
 from genrec.workloads.errors import UserInputError
 from genrec.workloads.results_store import list_experiments, read_results
 
@@ -159,15 +147,22 @@ def max_rate_table(points: pd.DataFrame, slo_ms: float, max_unanswered: float) -
 # ------------------------------------------------------------------------------------------- figures
 
 
-def _colors(configs: list[str]) -> dict[str, str]:
-    return {c: PALETTE[i % len(PALETTE)] for i, c in enumerate(configs)}
+DIAGONAL_COLOUR = "#9AA5B1"
 
 
-def _curves(fig, points, columns, colors, best: dict[str, float], *, star_on: set[str]) -> None:
+def config_styles(points: pd.DataFrame) -> dict[str, TraceStyle]:
+    """config -> style: its decoder's fixed colour, a dash and marker per configuration of it."""
+    pairs = points.drop_duplicates("config").sort_values("config")[["decoder", "config"]]
+    styles = trace_styles((str(d), str(c)) for d, c in pairs.itertuples(index=False))
+    return {c: styles[(str(d), str(c))] for d, c in pairs.itertuples(index=False)}
+
+
+def _curves(fig, points, columns, styles, best: dict[str, float], *, star_on: set[str]) -> None:
     """One line per configuration in each panel; a star on the configuration's max SLO-meeting rate."""
-    go, _ = _plotly()
-    for i, config in enumerate(sorted(points["config"].unique())):
+    go, _ = plotly()
+    for config in sorted(points["config"].unique()):
         sub = points[points["config"] == config]
+        style = styles[config]
         for col_idx, col in enumerate(columns, start=1):
             if col not in sub.columns or sub[col].isna().all():
                 continue
@@ -179,9 +174,9 @@ def _curves(fig, points, columns, colors, best: dict[str, float], *, star_on: se
                     name=config,
                     legendgroup=config,
                     showlegend=col_idx == 1,
-                    line=dict(color=colors[config], width=2),
-                    marker=dict(color=colors[config], symbol=SYMBOLS[i % len(SYMBOLS)], size=8),
-                    hovertemplate=f"<b>{_esc(config)}</b><br>offered %{{x:.4g}} req/s<br>{col} = %{{y:.4g}}"
+                    line=dict(color=style.colour, dash=style.dash, width=2),
+                    marker=dict(color=style.colour, symbol=style.symbol, size=8),
+                    hovertemplate=f"<b>{esc(config)}</b><br>offered %{{x:.4g}} req/s<br>{col} = %{{y:.4g}}"
                     "<extra></extra>",
                 ),
                 row=1,
@@ -199,9 +194,9 @@ def _curves(fig, points, columns, colors, best: dict[str, float], *, star_on: se
                         legendgroup=config,
                         showlegend=False,
                         marker=dict(
-                            symbol="star", size=18, color=colors[config], line=dict(width=1, color="black")
+                            symbol="star", size=18, color=style.colour, line=dict(width=1, color="black")
                         ),
-                        hovertemplate=f"<b>{_esc(config)}</b><br>highest rate meeting the SLO: "
+                        hovertemplate=f"<b>{esc(config)}</b><br>highest rate meeting the SLO: "
                         "%{x:.4g} req/s<extra></extra>",
                     ),
                     row=1,
@@ -209,37 +204,30 @@ def _curves(fig, points, columns, colors, best: dict[str, float], *, star_on: se
                 )
 
 
-def _layout(fig, title: str, names: list[str], points: pd.DataFrame, columns: int, x_title: str) -> None:
-    legend_px = legend_height(names)
+def _layout(fig, title: str, columns: int) -> None:
     # linear rate axis with plotly's own ticks: a bisecting search's rates crowd together, and on a
     # linear axis the served = offered diagonal is a straight line
     for c in range(1, columns + 1):
-        fig.update_xaxes(title_text=x_title, rangemode="tozero", row=1, col=c)
-    fig.update_layout(
-        title=dict(text=title, x=0.01),
-        height=440 + legend_px,
-        legend=BOTTOM_LEGEND,
-        margin=dict(l=60, r=20, t=70, b=70 + legend_px),
-        template="plotly_white",
-    )
+        fig.update_xaxes(title_text="offered rate (req/s)", rangemode="tozero", row=1, col=c)
+    fig.update_layout(title=dict(text=title), height=440, margin=dict(l=60, r=20, t=70))
 
 
 def _latency_axis(values: pd.Series, slo_ms: float) -> dict:
-    """Log scale once an overloaded point is 30x the SLO: on a linear axis the region around the SLO,
-    where the answer is decided, would shrink to a few pixels."""
+    """Log scale (1-2-5 ticks) once an overloaded point is 30x the SLO: on a linear axis the region
+    around the SLO, where the answer is decided, would shrink to a few pixels."""
     v = values.dropna().astype(float)
     v = v[v > 0]
-    return {"type": "log"} if not v.empty and v.max() >= 30 * min(slo_ms, v.min()) else {}
+    if not v.empty and v.max() >= 30 * min(slo_ms, v.min()):
+        return log_axis([*v, slo_ms])
+    return {}
 
 
 def latency_figure(points: pd.DataFrame, slo_ms: float, best: dict[str, float]):
-    _, make_subplots = _plotly()
+    go, make_subplots = plotly()
     cols = [c for c in LATENCY_PANELS if c in points.columns]
     titles = [f"latency {c.split('_')[1]} (ms)" for c in cols]
     fig = make_subplots(rows=1, cols=len(cols), subplot_titles=titles, horizontal_spacing=0.07)
-    colors = _colors(sorted(points["config"].unique()))
-    _curves(fig, points, cols, colors, best, star_on={"latency_p99_ms"})
-    go, _ = _plotly()
+    _curves(fig, points, cols, config_styles(points), best, star_on={"latency_p99_ms"})
     x_hi = float(points["rate"].max()) * 1.05
     for c in range(1, len(cols) + 1):
         # a trace, not add_hline: shapes on a log axis take log10 coordinates
@@ -251,21 +239,22 @@ def latency_figure(points: pd.DataFrame, slo_ms: float, best: dict[str, float]):
                 name=f"SLO {format_value(slo_ms)} ms",
                 legendgroup="slo",
                 showlegend=c == 1,
-                line=dict(color="#D62728", dash="dash", width=1.5),
+                line=dict(color=REFERENCE_COLOUR, dash="dash", width=1.5),
                 hoverinfo="skip",
             ),
             row=1,
             col=c,
         )
-        fig.update_yaxes(title_text="ms", row=1, col=c, **_latency_axis(points[cols[c - 1]], slo_ms))
-    _layout(
-        fig, "Latency percentiles vs offered rate", list(colors), points, len(cols), "offered rate (req/s)"
-    )
+        log = _latency_axis(points[cols[c - 1]], slo_ms)
+        name = cols[c - 1].split("_")[1]
+        text = f"latency {name} of answered requests (ms)" + (" (log scale)" if log else "")
+        fig.update_yaxes(title_text=text, row=1, col=c, **log)
+    _layout(fig, "Latency percentiles vs offered rate", len(cols))
     return fig
 
 
 def throughput_figure(points: pd.DataFrame, slo_ms: float, max_unanswered: float, best: dict[str, float]):
-    go, make_subplots = _plotly()
+    go, make_subplots = plotly()
     cols = ["throughput_rps", "goodput_rps", "unanswered_rate"]
     titles = [
         "achieved throughput (answered req/s)",
@@ -273,8 +262,7 @@ def throughput_figure(points: pd.DataFrame, slo_ms: float, max_unanswered: float
         "unanswered share (rejected + errors + timeouts)",
     ]
     fig = make_subplots(rows=1, cols=3, subplot_titles=titles, horizontal_spacing=0.07)
-    colors = _colors(sorted(points["config"].unique()))
-    _curves(fig, points, cols, colors, best, star_on={"throughput_rps", "goodput_rps"})
+    _curves(fig, points, cols, config_styles(points), best, star_on={"throughput_rps", "goodput_rps"})
     lo, hi = float(points["rate"].min()), float(points["rate"].max())
     for c in (1, 2):  # a server that keeps up answers everything it is offered: y = x
         fig.add_trace(
@@ -285,7 +273,7 @@ def throughput_figure(points: pd.DataFrame, slo_ms: float, max_unanswered: float
                 name="served = offered",
                 legendgroup="diag",
                 showlegend=c == 1,
-                line=dict(color="#7F7F7F", dash="dot", width=1),
+                line=dict(color=DIAGONAL_COLOUR, dash="dot", width=1),
                 hoverinfo="skip",
             ),
             row=1,
@@ -293,23 +281,18 @@ def throughput_figure(points: pd.DataFrame, slo_ms: float, max_unanswered: float
         )
     fig.add_hline(
         y=max_unanswered,
-        line=dict(color="#D62728", dash="dash", width=1.5),
+        line=dict(color=REFERENCE_COLOUR, dash="dash", width=1.5),
         annotation_text=f"limit {100 * max_unanswered:g}%",
         annotation_position="top left",
         row=1,
         col=3,
     )
-    fig.update_yaxes(title_text="req/s", row=1, col=1)
-    fig.update_yaxes(title_text="req/s", row=1, col=2)
-    fig.update_yaxes(title_text="share of sent", tickformat=".0%", row=1, col=3)
-    _layout(
-        fig,
-        "Throughput and goodput vs offered rate",
-        [*colors, "served = offered"],
-        points,
-        3,
-        "offered rate (req/s)",
+    fig.update_yaxes(row=1, col=1, **axis("throughput_rps"))
+    fig.update_yaxes(row=1, col=2, **axis("goodput_rps"))
+    fig.update_yaxes(
+        title_text="unanswered share of sent requests", tickformat=".0%", row=1, col=3, **rate_axis()
     )
+    _layout(fig, "Throughput and goodput vs offered rate", 3)
     return fig
 
 
@@ -404,54 +387,24 @@ def _slo_from_rows(df: pd.DataFrame) -> float:
     return DEFAULT_SLO_MS
 
 
-def build_serving_report(
-    results_dir: str | os.PathLike,
-    experiment: str | None,
-    out_html: str | os.PathLike | None = None,
-    slo_ms: float | None = None,
-    *,
-    max_unanswered: float | None = None,
-    title: str | None = None,
-) -> Path:
-    """Write the serving (load-test) report for one experiment and return its path.
+def _max_unanswered(df: pd.DataFrame) -> float:
+    col = df["max_unanswered_rate"].dropna() if "max_unanswered_rate" in df.columns else pd.Series()
+    return float(col.mode().iloc[0]) if not col.empty else DEFAULT_MAX_UNANSWERED
 
-    slo_ms: the P99 budget (default: the SLO the load tests ran with, else 200 ms).
-    max_unanswered: the largest share of rejected/failed/timed-out requests that still meets the SLO
-    (default: the one the runs used, else 1%).
-    """
-    results_dir = Path(results_dir)
-    df = read_results(results_dir, experiment)
-    if "kind" in df.columns:
-        df = df[df["kind"] == LOADTEST_KIND].reset_index(drop=True)
-    if df.empty:
-        what = f"experiment {experiment!r}" if experiment else "any experiment"
-        raise UserInputError(
-            f"no load-test rows for {what} in {results_dir.resolve()}; run `genrec loadtest --url ... "
-            f"--experiment NAME` first, or pick one of the known experiments: {list_experiments(results_dir)}"
-        )
-    if slo_ms is not None and slo_ms <= 0:
-        raise UserInputError(f"slo_ms {slo_ms}: must be > 0 milliseconds")
-    slo = float(slo_ms) if slo_ms is not None else _slo_from_rows(df)
-    if max_unanswered is None:
-        col = df["max_unanswered_rate"].dropna() if "max_unanswered_rate" in df.columns else pd.Series()
-        max_unanswered = float(col.mode().iloc[0]) if not col.empty else DEFAULT_MAX_UNANSWERED
-    out = Path(out_html) if out_html is not None else default_out_path(results_dir, experiment)
-    title = title or f"genrec serving report: {experiment or 'all experiments'}"
 
+def serving_sections(df: pd.DataFrame, slo: float, max_unanswered: float) -> tuple[list, pd.DataFrame]:
+    """The page's sections and its (configuration, rate) points."""
     points = rate_points(df)
     ok = meets(points, slo, max_unanswered)
     table = max_rate_table(points, slo, max_unanswered)
     best = {r["config"]: float(r["best_rate"]) for _, r in table.iterrows() if not is_missing(r["best_rate"])}
-    configs = points.drop_duplicates("config")  # provenance counts configurations, not points
-    figure = _FigureWriter()
+    figure = FigureWriter()
     rule = f"P99 ≤ {format_value(slo)} ms and at most {100 * max_unanswered:g}% of requests unanswered"
-    argv = ["genrec", "report", "--results-dir", str(results_dir)]
-    argv += (["--experiment", experiment] if experiment else []) + ["--out", str(out)]
     sections = [
         (
             "maxrate",
             "Highest rate meeting the SLO",
-            f'<p class="note">SLO: {_esc(rule)}. The highest offered rate per configuration at which it '
+            f'<p class="note">SLO: {esc(rule)}. The highest offered rate per configuration at which it '
             "holds, with every lower tried rate holding too; the first failing rate bounds the true limit "
             "from above.</p>" + max_rate_html(table),
         ),
@@ -459,7 +412,7 @@ def build_serving_report(
             "latency",
             "Latency vs offered rate",
             '<p class="note">Latency percentiles of answered requests, measured by the client from send '
-            "to full response, warm-up excluded. Dashed red: the SLO; star: the configuration's highest "
+            "to full response, warm-up excluded. Dashed: the SLO; star: the configuration's highest "
             "rate meeting it.</p>" + figure(latency_figure(points, slo, best)),
         ),
         (
@@ -476,10 +429,62 @@ def build_serving_report(
             f"<details><summary>{len(points)} points (means over {len(df)} runs)</summary>"
             f"{points_html(points, ok)}</details>",
         ),
-        ("provenance", "Provenance", provenance_block(df, configs, results_dir.resolve(), shlex.join(argv))),
     ]
+    return sections, points
+
+
+def serving_page(
+    df: pd.DataFrame,
+    out: str | os.PathLike,
+    title: str,
+    slo_ms: float | None = None,
+    *,
+    max_unanswered: float | None = None,
+    context: PageContext = PageContext(),
+) -> Path:
+    """Write the serving page for load-test rows `df` and return its path.
+
+    slo_ms: the P99 budget (default: the SLO the load tests ran with, else 200 ms).
+    max_unanswered: the largest share of rejected/failed/timed-out requests that still meets the SLO
+    (default: the one the runs used, else 1%).
+    """
+    if slo_ms is not None and slo_ms <= 0:
+        raise UserInputError(f"slo_ms {slo_ms}: must be > 0 milliseconds")
+    slo = float(slo_ms) if slo_ms is not None else _slo_from_rows(df)
+    limit = _max_unanswered(df) if max_unanswered is None else max_unanswered
+    sections, points = serving_sections(df, slo, limit)
+    rule = f"P99 ≤ {format_value(slo)} ms and at most {100 * limit:g}% of requests unanswered"
     subtitle = (
         f"{len(df)} load-test runs, {points['config'].nunique()} configurations, "
         f"offered rates {_rate(points['rate'].min())}–{_rate(points['rate'].max())} req/s; SLO {rule}"
     )
-    return write_page(out, title, subtitle, sections)
+    configs = f"{points['config'].nunique()} configurations"  # provenance counts configurations, not points
+    return finish_page(Path(out), title, subtitle, sections, df, context, configs)
+
+
+def build_serving_report(
+    results_dir: str | os.PathLike,
+    experiment: str | None,
+    out_html: str | os.PathLike | None = None,
+    slo_ms: float | None = None,
+    *,
+    max_unanswered: float | None = None,
+    title: str | None = None,
+    embed_plotlyjs: bool = False,
+) -> Path:
+    """Read the load-test rows of one experiment (or all) and write their serving page (`serving_page`)."""
+    results_dir = Path(results_dir)
+    df = read_results(results_dir, experiment)
+    if "kind" in df.columns:
+        df = df[df["kind"] == LOADTEST_KIND].reset_index(drop=True)
+    if df.empty:
+        what = f"experiment {experiment!r}" if experiment else "any experiment"
+        raise UserInputError(
+            f"no load-test rows for {what} in {results_dir.resolve()}; run `genrec loadtest --url ... "
+            f"--experiment NAME` first, or pick one of the known experiments: {list_experiments(results_dir)}"
+        )
+    out = Path(out_html) if out_html is not None else default_out_path(results_dir, experiment)
+    command = rebuild_command(results_dir, experiment, out, embed_plotlyjs=embed_plotlyjs)
+    context = PageContext(results_dir.resolve(), command, embed_plotlyjs=embed_plotlyjs)
+    title = title or f"genrec serving report: {experiment or 'all experiments'}"
+    return serving_page(df, out, title, slo_ms, max_unanswered=max_unanswered, context=context)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from typing import Annotated
 
 import typer
 
@@ -23,7 +24,39 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # click hands help_option_names down to every sub-command's context: -h works everywhere
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def package_version() -> str:
+    """The installed distribution's version (pyproject.toml's, via its metadata)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("genrec-lab")
+    except PackageNotFoundError:  # run from a source tree that was never pip-installed
+        return "unknown (not installed; pip install -e .)"
+
+
+def print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"genrec {package_version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=print_version, is_eager=True, help="Print the genrec version and exit."
+        ),
+    ] = False,
+) -> None:
+    pass  # the options of `genrec` itself; the help text is the Typer's `help`
+
+
 app.add_typer(data_commands.app, name="data")
 app.add_typer(atspeed_commands.app, name="atspeed")
 tokenize_commands.register(app)

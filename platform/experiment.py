@@ -32,7 +32,7 @@ import json
 import math
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import MISSING, dataclass, field
+from dataclasses import MISSING, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -153,6 +153,18 @@ class EvalSpec(_Strict):
     warmup_batches: int = 1
     threads: int = 0  # torch threads per trial; 0 = the trial's CPU count (at least 1)
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    # timed passes per trial: latency is their median, with the fastest and slowest pass beside it
+    repeats: int = 1
+
+
+class ArmSpec(_Strict):
+    """One decoder of a multi-decoder experiment: its fixed params and a grid over the others."""
+
+    decoder: str
+    params: dict[str, Any] = Field(default_factory=dict)
+    search_space: dict[str, SpaceSpec] = Field(default_factory=dict)
+    # a checkpoint of its own (e.g. NEZHA's, trained with its draft head), on the experiment's dataset
+    model: Path | None = None
 
 
 class ResourcesSpec(_Strict):
@@ -188,6 +200,9 @@ class ExperimentConfig(_Strict):
     decoder: str | None = None
     params: dict[str, Any] = Field(default_factory=dict)
     search_space: dict[str, SpaceSpec] = Field(default_factory=dict)
+    # several decoders side by side on one model and data set (instead of decoder/params/search_space):
+    # each arm is swept like a one-decoder experiment, the trials of all arms form one sweep and report
+    arms: list[ArmSpec] = Field(default_factory=list)
     seeds: list[int] = Field(default_factory=lambda: [0])
     eval: EvalSpec = Field(default_factory=EvalSpec)
     metric: str = "recall@10"
@@ -202,6 +217,8 @@ class ExperimentConfig(_Strict):
 
     @model_validator(mode="after")
     def _benchmark_or_decoder(self) -> ExperimentConfig:
+        if self.arms:
+            return self._with_arms()
         if self.benchmark is None:
             missing = [k for k in ("dataset", "model", "decoder") if getattr(self, k) is None]
             if missing:
@@ -220,6 +237,46 @@ class ExperimentConfig(_Strict):
         self.decoder = f"benchmark:{self.benchmark}"
         self.model = ModelSpec.model_construct(checkpoint=None, train=None)
         return self
+
+    def _with_arms(self) -> ExperimentConfig:
+        mixed = [k for k in ("benchmark", "decoder") if getattr(self, k) is not None]
+        mixed += [k for k in ("params", "search_space") if getattr(self, k)]
+        if mixed:
+            raise ValueError(f"`arms` replaces decoder, params and search_space; remove {mixed}")
+        missing = [k for k in ("dataset", "model") if getattr(self, k) is None]
+        if missing:
+            raise ValueError("; ".join(f"missing required key `{k}`" for k in missing))
+        # a label for summaries and dry runs; trials take their decoder from their arm
+        self.decoder = "+".join(dict.fromkeys(a.decoder for a in self.arms))
+        return self
+
+    def arm_configs(self) -> list[ExperimentConfig]:
+        """One single-decoder experiment per arm (same data, model, eval, tracking), for validation
+        and for expanding the trials; an experiment without arms is its own only arm."""
+        if not self.arms:
+            return [self]
+        out = []
+        for arm in self.arms:
+            sub = self.model_copy(
+                update={"decoder": arm.decoder, "params": dict(arm.params), "search_space": arm.search_space}
+            )
+            if arm.model is not None:
+                sub.model = ModelSpec(checkpoint=arm.model)
+            sub.arms = []
+            sub._source = self._source
+            out.append(sub)
+        return out
+
+    def arm_points(self) -> list[dict[str, Any]]:
+        """Every (decoder, params) point of a multi-decoder experiment, arm by arm, grid order."""
+        points = []
+        for sub in self.arm_configs():
+            grid = sub.grid_values()
+            model = str(sub.model.path)
+            for combo in itertools.product(*grid.values()):
+                point = {**sub.params, **dict(zip(grid, combo))}
+                points.append({"decoder": sub.decoder, "params": point, "model": model})
+        return points
 
     # ---- derived -----------------------------------------------------------------------------
     @property
@@ -266,6 +323,8 @@ class ExperimentConfig(_Strict):
         }
 
     def num_trials(self) -> int:
+        if self.arms:
+            return len(self.arm_points()) * len(self.seeds)
         return math.prod(len(v) for v in self.grid_values().values()) * len(self.seeds) * self.num_samples
 
     def trial_grid(self) -> list[dict[str, Any]]:
@@ -273,6 +332,9 @@ class ExperimentConfig(_Strict):
 
         Sampled dimensions (choice, uniform, ...) show as a description like 'choice[1, 2]'.
         """
+        if self.arms:
+            points = self.arm_points()
+            return [{"decoder": p["decoder"], **p["params"], "seed": s} for s in self.seeds for p in points]
         grid = self.grid_values()
         sampled = {name: describe_space(spec) for name, spec in self.search_space.items() if name not in grid}
         rows = []
@@ -287,6 +349,7 @@ class ExperimentConfig(_Strict):
         keys = ("name", "decoder", "params", "search_space", "seeds", "eval", "metric", "mode", "num_samples")
         keys += ("benchmark",) if self.benchmark else ()  # decoder-sweep fingerprints stay as they were
         keys += ("draft",) if self.draft else ()  # a changed draft changes every trial; draft-free: as before
+        keys += ("arms",) if self.arms else ()
         return json.dumps(self.model_dump(mode="json", include=set(keys)), sort_keys=True)
 
     def trial_spec(self, cpu: float, device: str) -> TrialSpec:
@@ -308,6 +371,7 @@ class ExperimentConfig(_Strict):
             threads=self.eval.threads,
             device=device,
             cpu=cpu,
+            repeats=self.eval.repeats,
         )
 
 
@@ -337,6 +401,7 @@ class TrialSpec:
     threads: int = 0  # torch threads; 0: the trial's CPU count
     device: str = "cpu"
     cpu: float = 1.0  # CPUs Ray gives each trial
+    repeats: int = 1  # timed passes per trial (eval.repeats)
 
     @property
     def torch_threads(self) -> int:
@@ -352,6 +417,15 @@ class TrialSpec:
         from genrec.platform.params import eval_params
 
         return eval_params(self.decoder, self.values(point), self.ks)
+
+    def for_trial(self, config: Mapping[str, Any]) -> tuple[TrialSpec, dict[str, Any]]:
+        """(this spec for the trial's decoder, the trial's search-space point): a multi-decoder
+        experiment's trial carries its arm's decoder and whole parameter set under `arm`."""
+        arm = config.get("arm")
+        if not arm:
+            return self, dict(config.get("params", {}))
+        model = arm.get("model") or self.model
+        return replace(self, decoder=arm["decoder"], params={}, model=model), dict(arm["params"])
 
 
 def expand_range(r: RangeSpec) -> list[float | int]:
@@ -421,6 +495,9 @@ def resolve_paths(cfg: ExperimentConfig, base: Path) -> None:
         cfg.model.train.out = absolute(cfg.model.train.out)
     if cfg.draft is not None:
         cfg.draft = absolute(cfg.draft)
+    for arm in cfg.arms:
+        if arm.model is not None:
+            arm.model = absolute(arm.model)
     if cfg.benchmark is not None:  # a benchmark's path arguments (trials run in another directory)
         from genrec.workloads.benchmarks.registry import BENCHMARKS
 
@@ -497,6 +574,19 @@ def validate_experiment(cfg: ExperimentConfig, check_files: bool = True) -> None
         validate_benchmark_experiment(cfg)
         if check_files:
             check_benchmark_inputs(cfg)
+        return
+    if cfg.arms:
+        for i, sub in enumerate(cfg.arm_configs()):
+            sampled = [n for n, spec in sub.search_space.items() if spec.kind not in ("grid", "range")]
+            if sampled:
+                raise UserInputError(
+                    f"`arms[{i}].search_space.{sampled[0]}`: an arm takes grid or range values only"
+                )
+            try:
+                own_model = cfg.arms[i].model is not None
+                validate_experiment(sub, check_files=check_files and (i == 0 or own_model))
+            except UserInputError as e:
+                raise UserInputError(f"`arms[{i}]` ({sub.decoder}): {e}") from None
         return
     check_draft_given(cfg)  # judged by name, so it needs no registry
     if cfg.decoder not in decoder_names():
@@ -606,6 +696,7 @@ def _check_numbers(cfg: ExperimentConfig) -> None:
         ("eval.max_users", cfg.eval.max_users >= 0, "must be >= 0 (0 = every user)"),
         ("eval.warmup_batches", cfg.eval.warmup_batches >= 0, "must be >= 0"),
         ("eval.threads", cfg.eval.threads >= 0, "must be >= 0 (0 = the trial's CPU count)"),
+        ("eval.repeats", cfg.eval.repeats >= 1, "must be >= 1 (3 or more to see run-to-run spread)"),
         ("seeds", len(cfg.seeds) >= 1, "give at least one seed"),
         ("num_samples", cfg.num_samples >= 1, "must be >= 1"),
         ("max_concurrent", cfg.max_concurrent >= 0, "must be >= 0 (0 = as resources allow)"),

@@ -39,7 +39,6 @@ the rest is Ray's start, worker start, scheduling and the driver's writes.
 
 from __future__ import annotations
 
-import inspect
 import json
 import logging
 import math
@@ -60,6 +59,8 @@ from genrec.platform.experiment import ExperimentConfig, TrialSpec
 from genrec.platform.tracking import (
     ExperimentLock,
     MlflowStore,
+    RunNaming,
+    best_trial_row,
     delete_rows,
     parquet_root,
     read_row,
@@ -111,7 +112,13 @@ class SweepSummary:
         if self.best:
             out.append(f"best: {self.best}")
         if self.parquet_dir:
-            out.append(f"result rows: {self.parquet_dir}  (genrec runs --experiment {self.experiment})")
+            from genrec.platform.commands.common import command_hint, results_dir_args
+
+            # parquet_dir is RESULTS/parquet/experiment=NAME; a results dir that `genrec runs` would not
+            # read by default (from this directory) goes into the hint, so it works as printed
+            follow = results_dir_args(self.parquet_dir.parent.parent)
+            hint = command_hint("genrec", "runs", "--experiment", self.experiment, *follow)
+            out.append(f"result rows: {self.parquet_dir}  ({hint})")
         if self.mlflow_uri:
             if self.mlflow_uri.startswith("sqlite:"):
                 out.append(f"mlflow: mlflow ui --backend-store-uri {self.mlflow_uri}")
@@ -163,7 +170,8 @@ def run_trial(config: dict) -> None:
 
     from genrec.workloads.evaluation import EvalConfig, evaluate, model_label
 
-    params = spec.decoder_params(config.get("params", {}))  # typed like `genrec eval --param`
+    spec, point = spec.for_trial(config)  # a multi-decoder experiment: the trial's arm
+    params = spec.decoder_params(point)  # typed like `genrec eval --param`
     threads = spec.torch_threads
     torch.set_num_threads(threads)
     # loaded once per worker, the draft (AtSpeed) beside the model
@@ -181,6 +189,7 @@ def run_trial(config: dict) -> None:
         threads=threads,
         seed=int(config.get("seed", 0)),
         experiment=spec.experiment,
+        repeats=spec.repeats,
     )
     draft_name = model_label(spec.draft) if spec.draft else ""
     row = evaluate(
@@ -193,32 +202,105 @@ def run_trial(config: dict) -> None:
 
 
 # ---- driver-side callbacks ----------------------------------------------------------------------
+def clock(seconds: float) -> str:
+    """0:12, 3:05, 1:02:03: elapsed and ETA in the progress lines."""
+    m, s = divmod(int(round(max(0.0, seconds))), 60)
+    h, m = divmod(m, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def eta_s(
+    remaining: int,
+    done_now: int,
+    elapsed_s: float,
+    trial_s_mean: float,
+    slots: int,
+    round_s: float | None = None,
+) -> float | None:
+    """Seconds until the sweep's last trial ends, from the trials finished in this invocation (rows
+    reused from an earlier one took no time and do not count); None before the first one finishes.
+
+    Until the first round of `slots` side-by-side trials is over: whole rounds of the mean trial time.
+    After it (`round_s`: the elapsed seconds when it was): the pace since then, which holds the
+    parallelism and the per-trial overheads (scheduling, writes) but not the one-off worker start-up
+    that the first round paid, and which would make the whole-sweep pace overshoot for long."""
+    if remaining <= 0:
+        return 0.0
+    if done_now <= 0:
+        return None
+    slots = max(1, slots)
+    if round_s is None or done_now <= slots:
+        return math.ceil(remaining / slots) * trial_s_mean
+    return remaining * (elapsed_s - round_s) / (done_now - slots)
+
+
+def point_text(config: dict, flat: dict) -> str:
+    """The parameters that make a trial what it is: its search-space point (with an arm's fixed
+    params), not every default the decoder filled in; the whole set when the config has no point."""
+    arm = config.get("arm") if isinstance(config, dict) else None
+    point = arm["params"] if arm else (config.get("params") if isinstance(config, dict) else None)
+    if not point:
+        point = json.loads(flat.get("decoder_params", "{}"))
+    return " ".join(f"{k}={v}" for k, v in point.items())
+
+
 class ParquetRowCallback(tune.Callback):
-    """Writes each trial's row to Parquet as soon as it arrives; prints a line per trial."""
+    """Writes each trial's row to Parquet as soon as it arrives; prints a line per finished trial:
+    `[k/N] beam beam_width=16 seed=0 recall@10=0.6965 (4.1 s) elapsed 0:12 eta 0:36`.
+
+    Counters start in `setup` (each `fit`), not `__init__`: a resumed sweep unpickles this object
+    from Tune's saved state, with the first invocation's values."""
 
     def __init__(self, results_dir: str, metric: str, progress: bool) -> None:
         self.results_dir, self.metric, self.progress = results_dir, metric, progress
-        self.seen = 0
+        self.setup()
+
+    def setup(self, stop=None, num_samples=None, total_num_samples=None, **info):
+        self.total = total_num_samples or 0  # trials of the whole sweep (grid x num_samples)
+        self.t0 = time.perf_counter()  # Ray is up by now: elapsed and ETA leave its start-up out
+        self.done_before: int | None = None  # finished in an earlier invocation (Tune restored them)
+        self.seen = 0  # rows and failures that arrived in this invocation
+        self.ran, self.trial_s_sum, self.slots = 0, 0.0, 1
+        self.round_s: float | None = None  # elapsed when the first round of `slots` trials was done
+
+    def _finished(self, trials) -> tuple[str, str]:
+        """`[k/N] ... elapsed ... eta ...` parts for one more finished trial."""
+        if self.done_before is None:  # the first event of this invocation: earlier ones are TERMINATED
+            self.done_before = sum(t.status == "TERMINATED" for t in trials)
+        self.seen += 1
+        # concurrent slots as observed: the trials running side by side (resources, max_concurrent)
+        self.slots = max(self.slots, sum(t.status == "RUNNING" for t in trials))
+        k, n = self.done_before + self.seen, self.total or len(trials)
+        elapsed = time.perf_counter() - self.t0
+        if self.round_s is None and self.ran >= self.slots:
+            self.round_s = elapsed
+        mean = self.trial_s_sum / self.ran if self.ran else 0.0
+        eta = eta_s(n - k, self.ran, elapsed, mean, self.slots, self.round_s)
+        return f"[{k}/{n}]", f"elapsed {clock(elapsed)} eta {'?' if eta is None else clock(eta)}"
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
         if ROW_KEY not in result:
             return
         flat = json.loads(result[ROW_KEY])
         write_result_row(self.results_dir, flat)
-        self.seen += 1
+        reused = bool(result.get("genrec_reused"))
+        if not reused:
+            self.ran += 1
+            self.trial_s_sum += float(flat.get("trial_wall_s", 0.0))
+        count, timing = self._finished(trials)
         if self.progress:
-            params = json.loads(flat.get("decoder_params", "{}"))
-            shown = ", ".join(f"{k}={v}" for k, v in params.items())
-            how = "stored row" if result.get("genrec_reused") else f"{flat.get('trial_wall_s', 0):.1f} s"
+            shown = " ".join([str(flat.get("decoder") or ""), point_text(getattr(trial, "config", {}), flat)])
+            how = "stored row" if reused else f"{flat.get('trial_wall_s', 0):.1f} s"
             print(
-                f"[{self.seen}] {trial.trial_id}: {shown} seed={flat.get('seed')} "
-                f"{self.metric}={flat.get(self.metric, float('nan')):.4f} ({how})",
+                f"{count} {shown.strip()} seed={flat.get('seed')} "
+                f"{self.metric}={flat.get(self.metric, float('nan')):.4f} ({how}) {timing}",
                 flush=True,
             )
 
     def on_trial_error(self, iteration, trials, trial, **info):
+        count, timing = self._finished(trials)
         if self.progress:
-            print(f"trial {trial.trial_id} failed: see {trial.path}/error.txt", flush=True)
+            print(f"{count} trial {trial.trial_id} failed: see {trial.path}/error.txt {timing}", flush=True)
 
 
 class GenrecMLflowCallback(MLflowLoggerCallback):
@@ -238,6 +320,8 @@ class GenrecMLflowCallback(MLflowLoggerCallback):
     def setup(self, *args, **kwargs):
         super().setup(*args, **kwargs)
         self.store = MlflowStore(self.tracking_uri, self.experiment_name, self.artifact_location)
+        # the driver opened the sweep's run before `fit`: trials nest under it, named by its naming
+        self.store.find_sweep()
 
     def log_trial_start(self, trial):
         pass  # the parent opens a run here; a driver killed later would leave it RUNNING
@@ -257,8 +341,20 @@ def make_callbacks(cfg: ExperimentConfig, progress: bool) -> list:
     return callbacks
 
 
+def run_naming(cfg: ExperimentConfig) -> RunNaming:
+    """How the sweep's MLflow runs are named: each decoder's searched params (`beam_width=100`), the
+    decoder when several run side by side (`beam(beam_width=100)`), the seed when there are several."""
+    keys: dict[str, tuple[str, ...]] = {}
+    for sub in cfg.arm_configs():  # an experiment without arms is its own only arm
+        keys[sub.decoder] = tuple(dict.fromkeys([*keys.get(sub.decoder, ()), *sub.search_space]))
+    return RunNaming(keys, decoder=len(keys) > 1, seed=len(cfg.seeds) > 1)
+
+
 # ---- the driver ---------------------------------------------------------------------------------
 def param_space(cfg: ExperimentConfig, cpu: float, device: str) -> dict:
+    seeds, spec_ = tune.grid_search(list(cfg.seeds)), cfg.trial_spec(cpu, device)
+    if cfg.arms:  # one grid dimension over every arm's (decoder, params) points
+        return {"arm": tune.grid_search(cfg.arm_points()), "seed": seeds, SPEC_KEY: spec_}
     space: dict[str, Any] = {}
     for name, spec in cfg.search_space.items():
         kind = spec.kind
@@ -272,7 +368,7 @@ def param_space(cfg: ExperimentConfig, cpu: float, device: str) -> dict:
             space[name] = tune.loguniform(spec.loguniform.low, spec.loguniform.high)
         elif kind == "randint":
             space[name] = tune.randint(int(spec.randint.low), int(spec.randint.high) + 1)
-    return {"params": space, "seed": tune.grid_search(list(cfg.seeds)), SPEC_KEY: cfg.trial_spec(cpu, device)}
+    return {"params": space, "seed": seeds, SPEC_KEY: spec_}
 
 
 def resolve_ray_address(cfg: ExperimentConfig, override: str | None = None) -> str:
@@ -281,11 +377,44 @@ def resolve_ray_address(cfg: ExperimentConfig, override: str | None = None) -> s
     return override or cfg.ray.address or os.environ.get("RAY_ADDRESS") or "local"
 
 
-def init_ray(cfg: ExperimentConfig, address: str) -> bool:
+def local_cluster(cfg: ExperimentConfig) -> tuple[float, float]:
+    """(CPUs, GPUs) a new local Ray instance of this experiment gets: `ray.num_cpus` or the machine's
+    CPU count, and the GPUs torch sees. For `--dry-run`, which starts no Ray."""
+    cpus = cfg.ray.num_cpus or os.cpu_count() or 1
+    try:
+        import torch
+
+        gpus = torch.cuda.device_count()
+    except ImportError:
+        gpus = 0
+    return float(cpus), float(gpus)
+
+
+def trial_gpu(requested: float | str, cluster_gpu: float) -> float:
+    """resources.gpu as a number: `auto` is a share of a GPU when the cluster has any, else none."""
+    if requested == "auto":  # GPUs up when the sweep starts (an autoscaling cluster: set resources.gpu)
+        return AUTO_GPU_FRACTION if cluster_gpu > 0 else 0.0
+    return float(requested)
+
+
+def check_trial_resources(cpu: float, gpu: float, cluster_cpu: float, cluster_gpu: float) -> None:
+    """A trial that asks for more than a fixed local instance has can never run: exit 2 now. One
+    source for the real run (Ray's own numbers) and `--dry-run` (`local_cluster`)."""
+    if cluster_cpu < cpu or (gpu and cluster_gpu < gpu):
+        raise UserInputError(
+            f"`resources`: a trial asks for {cpu:g} CPU / {gpu:g} GPU but this machine's Ray has "
+            f"{cluster_cpu:g} CPU / {cluster_gpu:g} GPU; lower resources.cpu or resources.gpu"
+        )
+
+
+def init_ray(cfg: ExperimentConfig, address: str, progress: bool = False) -> bool:
     """Start or join Ray unless this process already did; True if this call started it."""
     if ray.is_initialized():
         return False
     kwargs: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.WARNING}
+    if progress:  # Ray's start takes seconds to tens of seconds: say what the wait is
+        where = f"local, {local_cluster(cfg)[0]:g} CPUs" if address == "local" else f"joining {address}"
+        print(f"starting Ray ({where})...", flush=True)
     if address == "local":
         kwargs["num_cpus"] = cfg.ray.num_cpus
         # trial output stays in Ray's logs (a failed trial's traceback is in its error.txt); the
@@ -413,26 +542,23 @@ def _run_sweep_locked(
     t_start = time.perf_counter()  # the sweep's wall time: from here (Ray's start included) to the last row
 
     address = resolve_ray_address(cfg, ray_address)
-    init_ray(cfg, address)
+    init_ray(cfg, address, progress)
     cluster = ray.cluster_resources()
-    gpu = cfg.resources.gpu
-    if gpu == "auto":  # GPUs up when the sweep starts (an autoscaling cluster: set resources.gpu)
-        gpu = AUTO_GPU_FRACTION if cluster.get("GPU", 0) > 0 else 0.0
+    gpu = trial_gpu(cfg.resources.gpu, cluster.get("GPU", 0))
     cpu = cfg.resources.cpu
-    if address == "local" and (cluster.get("CPU", 0) < cpu or (gpu and cluster.get("GPU", 0) < gpu)):
-        raise UserInputError(  # a fixed local instance can never run such a trial
-            f"`resources`: a trial asks for {cpu} CPU / {gpu} GPU but this machine's Ray has "
-            f"{cluster.get('CPU', 0)} CPU / {cluster.get('GPU', 0)} GPU; lower resources.cpu or resources.gpu"
-        )
+    if address == "local":  # a cluster may grow (autoscaler): only a fixed local instance is checked
+        check_trial_resources(cpu, gpu, cluster.get("CPU", 0), cluster.get("GPU", 0))
 
     if not restore:
         clear_experiment(cfg)
     rows_before = {r["run_id"] for r in read_rows(cfg.results_dir, cfg.name)}
     store = None
-    if cfg.tracking.mlflow:  # the store and experiment exist before any trial starts
-        store = MlflowStore(cfg.mlflow_uri, cfg.name, cfg.artifact_location)
+    if cfg.tracking.mlflow:  # the store, the experiment and the sweep's run exist before any trial starts
+        store = MlflowStore(cfg.mlflow_uri, cfg.name, cfg.artifact_location, description=cfg.description)
         if overwrite:
             store.delete_all()
+        file_tag = {"genrec.experiment_file": str(cfg.source or "")}
+        store.open_sweep(run_naming(cfg), resume=restore, tags=file_tag)  # --resume: the same run
         store.sync_from_parquet(cfg.results_dir)
         summary.mlflow_uri = cfg.mlflow_uri
     device = cfg.eval.device if cfg.eval.device != "auto" else ("cuda" if gpu else "cpu")
@@ -476,7 +602,7 @@ def _run_sweep_locked(
     if progress:
         print(
             f"sweep {cfg.name}: {summary.trials_total} trials ({len(rows_before)} already done), "
-            f"{cpu} CPU / {gpu} GPU per trial, up to {summary.slots} at once",
+            f"{cpu:g} CPU / {gpu:g} GPU per trial, up to {summary.slots} at once",
             flush=True,
         )
 
@@ -502,13 +628,7 @@ def _run_sweep_locked(
             summary.trials_ran += 1
             summary.trial_s_sum += float(row.get("trial_wall_s", 0.0))
     if rows:
-        sign = 1 if cfg.mode == "max" else -1
-        best = max(rows.values(), key=lambda r: sign * float(r.get(cfg.metric, float("nan")) or 0))
-        summary.best = {
-            cfg.metric: round(float(best.get(cfg.metric, float("nan"))), 4),
-            **json.loads(best.get("decoder_params", "{}")),
-            "seed": best.get("seed"),
-        }
+        summary.best = best_configuration(list(rows.values()), cfg.metric, cfg.mode)
     summary.parquet_dir = parquet_root(cfg.results_dir) / f"experiment={cfg.name}"
     if store is not None:
         store.sync_from_parquet(cfg.results_dir)  # repairs anything a callback could not write
@@ -533,24 +653,57 @@ def _run_sweep_locked(
                 "cpu_per_trial": cpu,
                 "gpu_per_trial": gpu,
             },
-            artifacts=[p for p in (cfg.source, report) if p is not None],
-            tags={"genrec.experiment_file": str(cfg.source or "")},
+            artifacts=[p for p in (cfg.source, report and standalone_report(cfg)) if p is not None],
+            best=best_trial_row(list(rows.values()), cfg.metric, cfg.mode, summary.best),
+            metric=cfg.metric,
         )
     return summary
 
 
+def best_configuration(rows: list[dict], metric: str, mode: str) -> dict[str, Any]:
+    """The sweep's best configuration by the reports' rule (genrec.dashboards.headline): the best
+    median over seeds and repeats, crowned only when it beats the runner-up by more than their
+    combined uncertainty; otherwise `significant` is False and `tied_with` counts the others."""
+    import pandas as pd
+
+    from genrec.dashboards.analysis import QUALITY_RE
+    from genrec.dashboards.headline import Axis, config_label_series, verdict
+
+    df = pd.DataFrame(rows)
+    rate = bool(QUALITY_RE.match(metric)) or metric.endswith("_rate")
+    found = verdict(df, Axis(metric, mode == "max", "rate" if rate else "timing"))
+    if found is None:
+        return {}
+    label, est = found.ranked[0]
+    row = df[config_label_series(df) == label].iloc[0]
+    best: dict[str, Any] = {metric: round(est.value, 4)}
+    if df["decoder"].nunique() > 1:
+        best["decoder"] = row["decoder"]
+    best.update(json.loads(row.get("decoder_params") or "{}"))
+    best["seed"] = None if pd.isna(row.get("seed")) else int(row["seed"])
+    best["significant"] = found.significant
+    if not found.significant and len(found.ranked) > 1:
+        best["tied_with"] = len(found.within_noise) - 1
+    return best
+
+
 def build_report_hook(cfg: ExperimentConfig, summary: SweepSummary) -> Path | None:
-    """Build the Plotly report with `genrec.dashboards.report.build_report` when it exists; it is
-    logged as an artifact of the experiment-level MLflow run (kind 'sweep'), not of every trial."""
-    try:
-        from genrec.dashboards.report import build_report
-    except ImportError:
-        return None
+    """Build the Plotly report with `genrec.dashboards.report.build_report` (the page loads plotly.js
+    from beside it); returns the page. A self-contained copy (plotly.js inside) goes to
+    `reports/standalone/`, for the experiment-level MLflow run (kind 'sweep'), whose artifact viewer
+    has no `plotly.min.js` beside the page."""
+    from genrec.dashboards.report import build_report
+
     out = cfg.results_dir / "reports" / f"{cfg.name}.html"
-    kwargs = {"metric": cfg.metric} if "metric" in inspect.signature(build_report).parameters else {}
     try:
-        built = build_report(cfg.results_dir, cfg.name, out, **kwargs)
+        built = Path(build_report(cfg.results_dir, cfg.name, out, metric=cfg.metric))
+        standalone = standalone_report(cfg)
+        build_report(cfg.results_dir, cfg.name, standalone, metric=cfg.metric, embed_plotlyjs=True)
     except Exception as e:  # noqa: BLE001 - the rows are written; a report failure must not lose them
         summary.notes.append(f"report not built: {type(e).__name__}: {e}")
         return None
-    return Path(built) if built else out
+    return built
+
+
+def standalone_report(cfg: ExperimentConfig) -> Path:
+    return cfg.results_dir / "reports" / "standalone" / f"{cfg.name}.html"

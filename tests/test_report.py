@@ -241,16 +241,23 @@ def test_budget_rounding():
 # ------------------------------------------------------------------------------------------ the page
 
 
-def test_report_is_standalone_offline_html(report):
+def test_report_is_standalone_offline_html(report, results_dir, tmp_path):
     import plotly.offline
 
     path, text, _ = report
+    bundle = plotly.offline.get_plotlyjs()
     assert path.is_file() and text.startswith("<!DOCTYPE html>")
-    # no CDN or other external script/stylesheet: everything the page needs is inline
-    assert "<script src" not in text and 'src="//' not in text and "<link" not in text
-    assert text.count(plotly.offline.get_plotlyjs()[:300]) == 1  # the bundle is embedded exactly once
+    # offline: no CDN, no stylesheet; plotly.js from the file beside the page, referenced relatively
+    assert text.count("<script src") == 1 and '<script src="plotly.min.js"' in text
+    assert 'src="//' not in text and 'src="http' not in text and "<link" not in text
+    assert (path.parent / "plotly.min.js").read_text() == bundle and bundle[:300] not in text
+    assert len(text) < 400_000  # not 4.9 MB of embedded plotly.js
     assert text.count("Plotly.newPlot(") == 3  # quality, latency, Pareto
     assert not list(path.parent.glob(".*tmp*"))  # atomic write left no temp file
+    # --embed-plotlyjs: one self-contained file, the bundle inside exactly once, nothing beside it
+    single = build_report(results_dir, EXP, tmp_path / "single.html", embed_plotlyjs=True).read_text()
+    assert "<script src" not in single and single.count(bundle[:300]) == 1
+    assert not (tmp_path / "plotly.min.js").exists()
 
 
 def test_report_names_every_decoder_and_escapes_strings(report):
@@ -334,8 +341,17 @@ def test_cli_report_command(results_dir):
     register(app)
     res = CliRunner().invoke(app, ["report", "--results-dir", str(results_dir), "--latency", "p99"])
     assert res.exit_code == 0, res.output
-    out = results_dir / "reports" / "all.html"
+    out = results_dir / "reports" / "index.html"  # no --experiment: the index and one page per experiment
     assert out.is_file() and str(out.resolve()) in res.output and out.resolve().as_uri() in res.output
+    for name in ("other", "rep"):
+        page = results_dir / "reports" / f"{name}.html"
+        assert page.is_file() and str(page.resolve()) in res.output
+        assert f"--experiment {name}" in page.read_text() and "--latency p99" in page.read_text()
+    res = CliRunner().invoke(
+        app, ["report", "--results-dir", str(results_dir), "--experiment", EXP, "--embed-plotlyjs"]
+    )
+    assert res.exit_code == 0, res.output
+    assert "<script src" not in (results_dir / "reports" / f"{EXP}.html").read_text()
     assert parse_budgets("50,10") == [10.0, 50.0] and parse_budgets(None) is None
     with pytest.raises(UserInputError, match="--budgets"):
         parse_budgets("10,fast")

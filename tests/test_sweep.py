@@ -85,6 +85,18 @@ def test_sweep_summary_run_and_refusal_to_mix_sweeps(small_sweep, capsys):
     assert exp.artifact_location == (results / "mlflow-artifacts").as_uri()
     (sweep_run,) = client.search_runs([exp.experiment_id], f"tags.`{KIND_TAG}` = 'sweep'")
     assert sweep_run.data.metrics["trials_done"] == 3 and sweep_run.data.metrics["own_time_ratio"] > 0
+    assert sweep_run.info.status == "FINISHED"
+    # trials nested under the sweep's run, named by their configuration, with their own times
+    rows = {r["run_id"]: r for r in read_rows(results, "bw_small")}
+    runs = trial_runs(results, "bw_small")
+    assert {r.info.run_name for r in runs} == {"beam_width=10", "beam_width=20", "beam_width=30"}
+    for r in runs:
+        row = rows[r.data.tags[RUN_ID_TAG]]
+        assert r.data.tags["mlflow.parentRunId"] == sweep_run.info.run_id
+        assert r.info.start_time == round(row["trial_started_at"] * 1000)
+        assert r.info.end_time - r.info.start_time == pytest.approx(row["trial_wall_s"] * 1000, abs=1)
+    best = {r.info.run_id: r for r in runs}[sweep_run.data.tags["best.mlflow_run_id"]]
+    assert sweep_run.data.tags["best.run_name"] == best.info.run_name
     assert [a.path for a in client.list_artifacts(sweep_run.info.run_id)] == [path.name]
     before = sorted(read_results(results, "bw_small")["run_id"])
     assert run_cli(["sweep", str(path)]) == 2  # a second fresh sweep would mix with the first
@@ -145,6 +157,8 @@ def test_killed_sweep_resumes_with_every_trial_exactly_once(ray_session, synth_d
     runs = trial_runs(results, "bw_resume")
     assert sorted(r.data.tags[RUN_ID_TAG] for r in runs) == sorted(r["run_id"] for r in rows)
     assert all(r.info.status == "FINISHED" for r in runs)
+    # one sweep run, opened by the killed driver and reused by the resumed one, holds every trial
+    assert len({r.data.tags["mlflow.parentRunId"] for r in runs}) == 1
 
 
 def test_ray_cluster_yaml_passes_rays_schema_check():

@@ -24,6 +24,7 @@ from genrec.workloads.decoding.draft import checkpoint_codebook_sizes, load_draf
 from genrec.workloads.errors import UserInputError
 from genrec.workloads.metrics import latency_summary, ranking_metrics
 from genrec.workloads.models.checkpoint import Checkpoint, load_checkpoint
+from genrec.workloads.progress import bar_enabled
 from genrec.workloads.results import ResultRow, current_environment, peak_memory_mb
 from genrec.workloads.training.trainer import resolve_device
 
@@ -43,6 +44,9 @@ class EvalConfig:
     threads: int = 0
     seed: int = 0
     experiment: str = "adhoc"
+    # timed passes over the split: quality comes from the first, latency is the median over passes
+    # with the smallest and largest pass beside it (a shared machine moves single runs 20-50x)
+    repeats: int = 1
 
     def validate(self) -> None:
         if self.split not in ("valid", "test"):
@@ -51,6 +55,8 @@ class EvalConfig:
             raise UserInputError(f"--k values must be >= 1, got {list(self.ks)}")
         if self.batch_size < 1:
             raise UserInputError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.repeats < 1:
+            raise UserInputError(f"repeats must be >= 1, got {self.repeats}")
 
 
 @dataclass
@@ -148,36 +154,19 @@ def evaluate(
     for batch in batches[: cfg.warmup_batches]:  # warm-up: allocator, kernels, caches; not timed
         decoder.decode(ctx, [ex.history for ex in batch], params)
 
-    ranked, valid_flags, missing_flags, full_lists, latencies = [], [], [], [], []
-    phase_totals: dict[str, float] = {}
-    counter_totals: dict[str, float] = {}
-    t_start = time.perf_counter()
-    for batch in tqdm(
-        batches, disable=not progress, desc=f"eval {cfg.decoder}", unit="batch", dynamic_ncols=True
-    ):
-        t0 = time.perf_counter_ns()
-        res = decoder.decode(ctx, [ex.history for ex in batch], params)
-        if ctx.device.type == "cuda":
-            torch.cuda.synchronize()
-        latencies.append((time.perf_counter_ns() - t0) / 1e6)
-        ranked += res.item_ids.cpu().tolist()
-        valid_flags.append(res.valid.cpu().numpy().reshape(-1))
-        # a slot with score -inf holds no SID (e.g. STATIC found fewer valid completions than k)
-        missing_flags.append((~torch.isfinite(res.scores)).cpu().numpy().reshape(-1))
-        full_lists.append(res.valid.all(dim=1).cpu().numpy())  # users given k items, every one valid
-        for k, v in res.timings_ms.items():
-            phase_totals[k] = phase_totals.get(k, 0.0) + v
-        for k, v in res.counters.items():
-            counter_totals[k] = counter_totals.get(k, 0.0) + v
-    wall = time.perf_counter() - t_start
+    passes = [_timed_pass(decoder, ctx, batches, params, cfg, progress, keep=True)]
+    for r in range(1, cfg.repeats):  # more timed passes: only their clocks are kept
+        passes.append(_timed_pass(decoder, ctx, batches, params, cfg, progress, keep=False, repeat=r))
+    first = passes[0]
+    ranked = first.ranked
 
     targets = [ex.targets for ex in examples]
     quality = ranking_metrics(ranked, targets, cfg.ks)
-    valid, missing = np.concatenate(valid_flags), np.concatenate(missing_flags)
+    valid, missing = np.concatenate(first.valid_flags), np.concatenate(first.missing_flags)
     # shares of all returned slots: invalid = an SID outside the catalogue, missing = no SID at all
     quality["invalid_rate"] = float((~valid & ~missing).mean())
     quality["missing_rate"] = float(missing.mean())
-    quality["users_with_k_valid"] = float(np.concatenate(full_lists).mean())
+    quality["users_with_k_valid"] = float(np.concatenate(first.full_lists).mean())
     row = ResultRow(
         decoder=cfg.decoder,
         decoder_params=asdict(params),
@@ -187,17 +176,80 @@ def evaluate(
         split=cfg.split,
         env=current_environment(ctx.device),
         quality=quality,
-        latency_ms=latency_summary(latencies),
-        timings_ms={k: v / len(batches) for k, v in phase_totals.items()},
-        counters={k: v / len(batches) for k, v in counter_totals.items()},
+        latency_ms=latency_over_passes([p.latencies for p in passes]),
+        timings_ms={k: v / len(batches) for k, v in first.phase_totals.items()},
+        counters={k: v / len(batches) for k, v in first.counter_totals.items()},
         users=len(examples),
         batch_size=cfg.batch_size,
-        throughput_users_per_s=len(examples) / wall,
+        throughput_users_per_s=float(np.median([len(examples) / p.wall_s for p in passes])),
+        repeats=cfg.repeats,
         memory_peak_mb=peak_memory_mb(ctx.device),
         seed=cfg.seed,
         experiment=cfg.experiment,
     )
     return EvalOutput(row, ranked, targets, [ex.user_id for ex in examples])
+
+
+@dataclass
+class TimedPass:
+    """One timed pass over the evaluation batches; a kept pass also holds what was decoded."""
+
+    latencies: list[float] = field(default_factory=list)  # ms per batch
+    wall_s: float = 0.0
+    ranked: list[list[int]] = field(default_factory=list)
+    valid_flags: list[np.ndarray] = field(default_factory=list)
+    missing_flags: list[np.ndarray] = field(default_factory=list)
+    full_lists: list[np.ndarray] = field(default_factory=list)
+    phase_totals: dict[str, float] = field(default_factory=dict)
+    counter_totals: dict[str, float] = field(default_factory=dict)
+
+
+def _timed_pass(
+    decoder: Any,
+    ctx: DecoderContext,
+    batches: list,
+    params: Any,
+    cfg: EvalConfig,
+    progress: bool,
+    keep: bool,
+    repeat: int = 0,
+) -> TimedPass:
+    out = TimedPass()
+    desc = f"eval {cfg.decoder}" + (f" (repeat {repeat + 1}/{cfg.repeats})" if repeat else "")
+    t_start = time.perf_counter()
+    for batch in tqdm(
+        batches, disable=not bar_enabled(progress), desc=desc, unit="batch", dynamic_ncols=True
+    ):
+        t0 = time.perf_counter_ns()
+        res = decoder.decode(ctx, [ex.history for ex in batch], params)
+        if ctx.device.type == "cuda":
+            torch.cuda.synchronize()
+        out.latencies.append((time.perf_counter_ns() - t0) / 1e6)
+        if not keep:
+            continue
+        out.ranked += res.item_ids.cpu().tolist()
+        out.valid_flags.append(res.valid.cpu().numpy().reshape(-1))
+        # a slot with score -inf holds no SID (e.g. STATIC found fewer valid completions than k)
+        out.missing_flags.append((~torch.isfinite(res.scores)).cpu().numpy().reshape(-1))
+        out.full_lists.append(res.valid.all(dim=1).cpu().numpy())  # users given k items, all valid
+        for k, v in res.timings_ms.items():
+            out.phase_totals[k] = out.phase_totals.get(k, 0.0) + v
+        for k, v in res.counters.items():
+            out.counter_totals[k] = out.counter_totals.get(k, 0.0) + v
+    out.wall_s = time.perf_counter() - t_start
+    return out
+
+
+def latency_over_passes(passes: list[list[float]]) -> dict[str, float]:
+    """Per-batch latency statistics of each pass, then their median over passes; with two or more
+    passes also `<stat>_lo` / `<stat>_hi`, the smallest and largest pass (the run-to-run spread)."""
+    per_pass = [latency_summary(lat) for lat in passes]
+    out = {k: float(np.median([s[k] for s in per_pass])) for k in per_pass[0]}
+    if len(per_pass) > 1:
+        for k in ("mean", "p50", "p90", "p99"):
+            out[f"{k}_lo"] = min(s[k] for s in per_pass)
+            out[f"{k}_hi"] = max(s[k] for s in per_pass)
+    return out
 
 
 def format_table(rows: list[ResultRow], ks: tuple[int, ...]) -> str:
@@ -212,7 +264,7 @@ def format_table(rows: list[ResultRow], ks: tuple[int, ...]) -> str:
             [r.decoder, params]
             + [f"{r.quality.get(c, float('nan')):.4f}" for c in metric_cols]
             + [
-                f"{r.latency_ms.get('p50', 0):.2f}",
+                f"{r.latency_ms.get('p50', 0):.2f}" + _range_text(r.latency_ms, "p50"),
                 f"{r.latency_ms.get('p99', 0):.2f}",
                 f"{r.throughput_users_per_s:.1f}",
             ]
@@ -222,6 +274,13 @@ def format_table(rows: list[ResultRow], ks: tuple[int, ...]) -> str:
     return "\n".join(
         [fmt.format(*header), fmt.format(*("-" * w for w in widths)), *(fmt.format(*l) for l in lines)]
     )
+
+
+def _range_text(latency_ms: dict[str, float], stat: str) -> str:
+    """' [lo-hi]' over repeated passes, '' for one pass."""
+    if f"{stat}_lo" not in latency_ms:
+        return ""
+    return f" [{latency_ms[f'{stat}_lo']:.2f}-{latency_ms[f'{stat}_hi']:.2f}]"
 
 
 def model_label(model_dir: str | os.PathLike) -> str:

@@ -32,6 +32,9 @@ class Environment:
     python_version: str
     git_commit: str
     host: str
+    # the machine's 1-minute load average when the row was measured: on a shared machine a timing
+    # taken at load 3 on 2 cores is not comparable with one taken idle (reports show it)
+    load_1m: float | None = None
 
 
 def command_line(module: str, argv: list[str] | None = None) -> str:
@@ -83,7 +86,15 @@ def current_environment(device: torch.device) -> Environment:
         python_version=sys.version.split()[0],
         git_commit=git_commit(),
         host=py_platform.node(),
+        load_1m=load_average(),
     )
+
+
+def load_average() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:  # not available on this platform
+        return None
 
 
 def benchmark_summary(
@@ -138,6 +149,7 @@ class ResultRow:
     memory_peak_mb: float = 0.0
     seed: int = 0
     experiment: str = "adhoc"
+    repeats: int = 1  # timed passes behind latency_ms (median over passes; _lo/_hi their range)
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     created_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
     schema_version: int = RESULT_SCHEMA_VERSION

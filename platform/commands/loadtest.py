@@ -106,8 +106,18 @@ def loadtest_command(
     """Send recommendation requests to a running `genrec serve` app and report latency percentiles,
     throughput, goodput under an SLO, rejections and Serve overhead; optionally sweep the rate."""
     from genrec.platform import loadgen
+    from genrec.platform.commands.common import check_folder, check_range, command_hint, results_dir_args
 
     rates = parse_rates(sweep_rates)
+    if find_max_rate:  # checked here, before the app is contacted
+        if not start_rate > 0:
+            raise UserInputError(f"--start-rate {start_rate}: must be > 0 requests/s")
+        check_range("--max-rate", max_rate, start_rate, note="at least --start-rate")
+        if not growth > 1:
+            raise UserInputError(f"--growth {growth}: must be > 1 (the rate multiplier while the SLO holds)")
+        check_range("--refine-steps", refine_steps, 0)
+    if data is not None:
+        check_folder("--data", data, "pass a dataset folder, or leave --data out to use the app's")
     if rates and find_max_rate:
         raise UserInputError("use either --sweep-rates or --find-max-rate, not both")
     if (rates or find_max_rate) and mode != "open":
@@ -153,9 +163,10 @@ def loadtest_command(
         last = loadgen.run_one(cfg, histories, ctx, tracking, progress=progress)
         typer.echo(loadgen.format_summary(last))
     typer.echo(f"requests -> {last.requests_file.parent}")
+    follow = ["--experiment", experiment, *results_dir_args(results_dir)]  # as run: same rows
     typer.echo(
-        f"result rows -> {last.row_file.parent}  (genrec runs --experiment {experiment}; "
-        f"genrec report --experiment {experiment})"
+        f"result rows -> {last.row_file.parent}  ({command_hint('genrec', 'runs', *follow)}; "
+        f"{command_hint('genrec', 'report', *follow)})"
     )
     if tracking.mlflow:
         from genrec.platform.tracking import sqlite_uri

@@ -76,9 +76,21 @@ def train_command(
     ] = False,
 ) -> None:
     """Train the GR transformer on a dataset's train split (validation loss picks the best epoch)."""
-    from genrec.platform.commands.common import check_device, check_new_output
+    from genrec.platform.commands.common import check_device, check_new_output, check_range
     from genrec.workloads.training.trainer import TrainConfig, train
 
+    for flag, value, low, note in (
+        ("--epochs", epochs, 1, ""),
+        ("--batch-size", batch_size, 1, ""),
+        ("--max-items", max_items, 1, ""),
+        ("--warmup-steps", warmup_steps, 0, "0 = no warm-up"),
+        ("--patience", patience, 1, "epochs without validation gain before stopping"),
+        ("--threads", threads, 0, "0 = torch's default"),
+        ("--max-steps", max_steps, 0, "0 = no limit"),
+    ):
+        check_range(flag, value, low, note=note)
+    if not lr > 0:
+        raise UserInputError(f"--lr {lr}: must be > 0")
     check_new_output(out, overwrite, "a checkpoint or other files")  # before any training time is spent
     check_device(device)
     cfg = TrainConfig(
@@ -142,20 +154,30 @@ def eval_command(
     baseline: Annotated[bool, typer.Option(help="Also evaluate the most-popular baseline.")] = True,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
     threads: Annotated[int, typer.Option(help="CPU threads for torch (0 = torch default).")] = 0,
+    repeats: Annotated[
+        int, typer.Option(help="Timed passes: latency is their median, [fastest-slowest] beside it.")
+    ] = 1,
     output: Annotated[
         Path | None, typer.Option(help="Write the result rows as JSON lines to this file.")
     ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
 ) -> None:
     """Decode a split with a registered decoder and print HR/NDCG/Recall@K, invalid rate and latency."""
+    from genrec.platform.commands.common import check_device, check_range
     from genrec.platform.params import cli_values, eval_params
     from genrec.workloads.decoding.draft import draft_needed_message, needs_draft
     from genrec.workloads.evaluation import EvalConfig, evaluate, format_table, load_context, model_label
 
-    if needs_draft(decoder) and draft is None:  # before anything loads
+    # explicit ranges, named by flag, before anything loads: 0 is never read as "the default"
+    check_range("--beam-width", beam_width, 1, note="beams kept per decoding step")
+    for cut in k or []:
+        check_range("--k", cut, 1, note="cut-offs of HR/NDCG/Recall@K")
+    check_range("--batch-size", batch_size, 1)
+    check_range("--max-users", max_users, 0, note="0 = every user")
+    check_range("--threads", threads, 0, note="0 = torch's default")
+    check_range("--repeats", repeats, 1, note="timed passes over the split")
+    if needs_draft(decoder) and draft is None:
         raise UserInputError(draft_needed_message(decoder))
-    from genrec.platform.commands.common import check_device
-
     check_device(device)
     ks = tuple(sorted(set(k or [5, 10])))
     values = cli_values(param or [])
@@ -180,6 +202,7 @@ def eval_command(
             max_users=max_users,
             device=device,
             threads=threads,
+            repeats=repeats,
         )
         rows.append(evaluate(ctx, ds, cfg, model_label(model), progress=not quiet, draft_name=draft_name).row)
     head = rows[0]

@@ -1,6 +1,8 @@
-"""`genrec report`: a standalone HTML report (works offline) from the Parquet result rows.
+"""`genrec report`: standalone HTML reports (they work offline) from the Parquet result rows.
 
-plotly and the dashboards are imported inside the command so `genrec --help` stays fast.
+With --experiment: that experiment's page. Without: every experiment's page and an index linking them
+(RESULTS_DIR/reports/index.html). plotly and the dashboards are imported inside the command so
+`genrec --help` stays fast.
 """
 
 from __future__ import annotations
@@ -33,14 +35,18 @@ def parse_budgets(text: str | None) -> list[float] | None:
 
 def report_command(
     experiment: Annotated[
-        str | None, typer.Option(help="Experiment to report (default: every experiment in --results-dir).")
+        str | None,
+        typer.Option(help="Experiment to report (default: every experiment's page and an index of them)."),
     ] = None,
     results_dir: Annotated[
         Path, typer.Option(help="Results folder holding parquet/experiment=<name>/ rows.")
     ] = Path(DEFAULT_RESULTS_DIR),
     out: Annotated[
         Path | None,
-        typer.Option(help="HTML file to write (default: RESULTS_DIR/reports/<experiment or all>.html)."),
+        typer.Option(
+            help="HTML file to write (default: RESULTS_DIR/reports/<experiment>.html, or reports/index.html "
+            "without --experiment; the experiments' pages go beside the index)."
+        ),
     ] = None,
     metric: Annotated[
         str | None,
@@ -59,10 +65,35 @@ def report_command(
         ),
     ] = None,
     title: Annotated[str | None, typer.Option(help="Page title.")] = None,
+    embed_plotlyjs: Annotated[
+        bool,
+        typer.Option(
+            "--embed-plotlyjs",
+            help="Put plotly.js (4.8 MB) inside every page: one self-contained file. Default: pages load "
+            "plotly.min.js from beside them (written once per folder; offline too).",
+        ),
+    ] = False,
 ) -> None:
-    """Build a standalone HTML report: quality and latency vs beam width, Pareto front, best per budget."""
+    """Build standalone HTML reports: one experiment's page, or every experiment's and an index."""
+    from genrec.dashboards.page import ReportOptions
     from genrec.dashboards.report import build_report
 
+    budgets_ms = parse_budgets(budgets)
+    if experiment is None:
+        from genrec.dashboards.index import build_index
+
+        options = ReportOptions(metric, latency, tuple(budgets_ms) if budgets_ms else None)
+        result = build_index(results_dir, out, title, options, embed_plotlyjs=embed_plotlyjs)
+        for entry in result.entries:
+            where = entry.page.resolve() if entry.page else f"not built: {entry.error}"
+            typer.echo(f"  {entry.experiment} ({entry.kind}, {entry.rows} rows) -> {where}")
+        path = result.path.resolve()
+        typer.echo(f"index -> {path}")
+        typer.echo(path.as_uri())
+        if result.failures:
+            typer.echo(f"{len(result.failures)} experiment page(s) failed to build (see above)", err=True)
+            raise typer.Exit(1)
+        return
     path = build_report(
         results_dir,
         experiment,
@@ -70,7 +101,8 @@ def report_command(
         title,
         metric=metric,
         latency=latency,
-        budgets_ms=parse_budgets(budgets),
+        budgets_ms=budgets_ms,
+        embed_plotlyjs=embed_plotlyjs,
     )
     path = path.resolve()
     typer.echo(f"report -> {path}")

@@ -67,6 +67,7 @@ def serve_command(
 ) -> None:
     """Serve recommendations over HTTP: POST /recommend (and /rank with --ranking), GET /health, /decoders,
     /constraint-sets."""
+    from genrec.platform.commands.common import check_range
     from genrec.platform.serve.config import ServeConfig, read_serve_file
     from genrec.platform.serve.server import (
         HttpSettings,
@@ -77,6 +78,15 @@ def serve_command(
         stop_server,
     )
 
+    # before the config file is read: a given number is checked, never swapped for a default
+    check_range("--port", port, 1, 65535)
+    check_range("--replicas", replicas, 1)
+    check_range("--threads", threads, 1, note="torch threads and Ray CPUs per replica")
+    check_range("--num-cpus", num_cpus, 1, note="CPUs of the local Ray instance")
+    check_range("--max-batch-size", max_batch_size, 1, note="1 = no dynamic batching")
+    check_range("--batch-wait-ms", batch_wait_ms, 0)
+    if host is not None and not host.strip():
+        raise UserInputError("--host '': give a bind address, e.g. 127.0.0.1 (this machine) or 0.0.0.0 (all)")
     file = read_serve_file(config) if config is not None else None
     args = dict(file.args) if file else {}
     batching = dict(args.get("batching") or {})
@@ -106,8 +116,8 @@ def serve_command(
         args["defaults"] = {k: v for k, v in given.items() if k in overrides["decoders"]}
     cfg = serve_config_from(args, overrides)
     http = HttpSettings(
-        host=host or (file.host if file else "127.0.0.1"),
-        port=port or (file.port if file else 8000),
+        host=host if host is not None else (file.host if file else "127.0.0.1"),
+        port=port if port is not None else (file.port if file else 8000),
         request_timeout_s=file.request_timeout_s if file else None,
         ingress=ingress,
     )

@@ -63,7 +63,7 @@ def sweep_command(
         cfg.tracking.results_dir = results_dir
         resolve_paths(cfg, Path.cwd())
     if dry_run:
-        print_dry_run(cfg)
+        print_dry_run(cfg, ray_address)
         return
     from genrec.platform.sweep import SweepInterrupted, run_sweep
 
@@ -98,7 +98,11 @@ def resume_command(experiment: Path, results_dir: Path | None, ray_address: str 
     return shlex.join(argv)
 
 
-def print_dry_run(cfg) -> None:
+def print_dry_run(cfg, ray_address: str | None = None) -> None:
+    """The plan, then the per-trial resources checked against the Ray instance the real run would start
+    (exit 2 as the real run would, without Ray's start-up); a remote cluster is not contacted."""
+    from genrec.platform.sweep import check_trial_resources, local_cluster, resolve_ray_address, trial_gpu
+
     trials = cfg.trial_grid()
     what = f"benchmark {cfg.benchmark}" if cfg.benchmark else f"decoder {cfg.decoder}"
     typer.echo(f"experiment {cfg.name}: {what}, {len(trials)} trials, {cfg.metric} ({cfg.mode})")
@@ -114,14 +118,27 @@ def print_dry_run(cfg) -> None:
         f"per trial {cfg.resources.cpu} CPU / {cfg.resources.gpu} GPU; max_failures {cfg.max_failures}"
     )
     typer.echo(f"results  {cfg.results_dir} (mlflow: {cfg.mlflow_uri if cfg.tracking.mlflow else 'off'})")
-    if not trials:
-        return
-    cols = list(trials[0])
-    widths = [max(len(c), *(len(str(t[c])) for t in trials)) for c in cols]
-    fmt = "  ".join(f"{{:>{w}}}" for w in [5, *widths])
-    typer.echo(fmt.format("trial", *cols))
-    for i, t in enumerate(trials):
-        typer.echo(fmt.format(i, *(str(t[c]) for c in cols)))
+    address = resolve_ray_address(cfg, ray_address)
+    cluster = local_cluster(cfg) if address == "local" else None
+    if cluster is None:
+        typer.echo(f"cluster  {address}: resources not checked (a dry run does not connect to a cluster)")
+    else:
+        gpu = trial_gpu(cfg.resources.gpu, cluster[1])
+        fits = min(cluster[0] // cfg.resources.cpu, cluster[1] // gpu if gpu else len(trials) or 1)
+        typer.echo(
+            f"cluster  local Ray: {cluster[0]:g} CPU / {cluster[1]:g} GPU (ray.num_cpus, else this "
+            f"machine's); a trial asks for {cfg.resources.cpu:g} CPU / {gpu:g} GPU: "
+            f"{f'up to {int(fits)} at once' if fits >= 1 else 'does not fit'}"
+        )
+    if trials:
+        cols = list(dict.fromkeys(c for t in trials for c in t))  # arms differ in their parameters
+        widths = [max(len(c), *(len(str(t.get(c, "-"))) for t in trials)) for c in cols]
+        fmt = "  ".join(f"{{:>{w}}}" for w in [5, *widths])
+        typer.echo(fmt.format("trial", *cols))
+        for i, t in enumerate(trials):
+            typer.echo(fmt.format(i, *(str(t.get(c, "-")) for c in cols)))
+    if cluster is not None:  # last, so the error is the last line: exit 2, as the real run would
+        check_trial_resources(cfg.resources.cpu, gpu, *cluster)
 
 
 def select_columns(columns: list[str], wanted: list[str], strict: bool = True) -> list[str]:
@@ -158,10 +175,18 @@ def runs_command(
     fmt: Annotated[str, typer.Option("--format", help="table, csv or json (one object per line).")] = "table",
 ) -> None:
     """List result rows from the Parquet store, filtered with pandas."""
+    from genrec.platform.commands.common import check_folder
     from genrec.workloads.results_store import list_experiments, read_results
 
     if fmt not in ("table", "csv", "json"):
         raise UserInputError(f"--format must be table, csv or json, got {fmt!r}")
+    # a mistyped folder is an error, not "no rows" with exit 0
+    check_folder(
+        "--results-dir",
+        results_dir,
+        "pass the results folder a sweep wrote (the experiment's tracking.results_dir, "
+        "default runs/results in the directory the sweep ran from)",
+    )
     if experiment is not None and experiment not in list_experiments(results_dir):
         raise UserInputError(
             f"no rows of experiment {experiment!r} in {results_dir.resolve()}; "

@@ -73,10 +73,17 @@ def register(app: typer.Typer) -> None:
 
         import torch
 
+        from genrec.platform.commands.common import check_range
         from genrec.workloads.tokenize.pipeline import TokenizeConfig, tokenize_dataset
         from genrec.workloads.tokenize.rqkmeans import RQKMeansConfig
         from genrec.workloads.tokenize.rqvae import RQVAEConfig
 
+        # None = the method's default; a given number must be valid (0 never means "the default")
+        check_range("--epochs", epochs, 1)
+        check_range("--batch-size", batch_size, 1)
+        check_range("--kmeans-iters", kmeans_iters, 1)
+        if lr is not None and not lr > 0:
+            raise UserInputError(f"--lr {lr}: must be > 0")
         if method == "rqkmeans":
             given = [
                 n

@@ -134,9 +134,12 @@ def parse_record(text: str, path: Path, lineno: int) -> dict:
 def iter_records(path: Path, progress: bool = False, what: str = "reviews") -> Iterator[tuple[int, dict]]:
     from tqdm import tqdm
 
+    from genrec.workloads.progress import bar_enabled
+
     try:
         with open_text(path) as f:
-            bar = tqdm(f, desc=f"reading {what}", unit=" lines", file=sys.stderr, disable=not progress)
+            on = bar_enabled(progress, sys.stderr)
+            bar = tqdm(f, desc=f"reading {what}", unit=" lines", file=sys.stderr, disable=not on)
             for lineno, line in enumerate(bar, start=1):
                 text = line.strip()
                 if text:

@@ -14,6 +14,7 @@ import torch
 from tqdm.auto import tqdm
 
 from genrec.workloads.errors import UserInputError
+from genrec.workloads.progress import bar_enabled
 from genrec.workloads.tokenize.kmeans import INITS, assign, kmeans
 
 
@@ -90,7 +91,7 @@ def fit_rq_kmeans(
     config.validate()
     residual = as_points(features, config.device)
     codebooks = []
-    for level in tqdm(range(config.levels), desc="rq-kmeans levels", disable=not progress):
+    for level in tqdm(range(config.levels), desc="rq-kmeans levels", disable=not bar_enabled(progress)):
         fit = kmeans(residual, config.codebook_size, config.n_iter, config.init, config.seed + level)
         codebooks.append(fit.centroids)
         residual = residual - fit.centroids[fit.labels]

@@ -26,6 +26,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from genrec.workloads.errors import UserInputError
+from genrec.workloads.progress import bar_enabled
 from genrec.workloads.tokenize.kmeans import assign, make_generator
 from genrec.workloads.tokenize.rqkmeans import RQKMeansConfig, as_points, fit_rq_kmeans
 
@@ -284,7 +285,7 @@ def train_rqvae(
     )
     levels, size = config.levels, config.codebook_size
     history: list[dict] = []
-    bar = tqdm(range(config.epochs), desc="rq-vae epochs", disable=not progress)
+    bar = tqdm(range(config.epochs), desc="rq-vae epochs", disable=not bar_enabled(progress))
     level_offset = torch.arange(levels, device=x.device) * size  # one bincount counts every level
     model.train()
     for epoch in bar:

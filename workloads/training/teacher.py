@@ -49,6 +49,7 @@ from genrec.workloads.data.dataset import Dataset
 from genrec.workloads.decoding.base import DecoderContext, get_decoder, make_params
 from genrec.workloads.errors import UserInputError
 from genrec.workloads.models.inputs import training_windows
+from genrec.workloads.progress import bar_enabled
 from genrec.workloads.sid_codec import SIDCodec
 
 MANIFEST_KEY = b"genrec.teacher"
@@ -133,7 +134,13 @@ def build_teacher_data(
     codes, logprobs = [], []
     starts = range(0, len(examples), batch_size)
     for number, start in enumerate(
-        tqdm(starts, disable=not progress, desc=f"teacher {kind} K={k}", unit="batch", dynamic_ncols=True)
+        tqdm(
+            starts,
+            disable=not bar_enabled(progress),
+            desc=f"teacher {kind} K={k}",
+            unit="batch",
+            dynamic_ncols=True,
+        )
     ):
         chunk = examples[start : start + batch_size]
         params = make_params(decoder, {**base, "seed": seed + number} if sampling else base)

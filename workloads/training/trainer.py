@@ -38,6 +38,7 @@ from genrec.workloads.models.inputs import (
 )
 from genrec.workloads.models.nezha_head import HEAD_VARIANTS
 from genrec.workloads.models.transformer import MODEL_SIZES, GRTransformer, model_config_for
+from genrec.workloads.progress import bar_enabled
 
 # AtSpeed draft alignment (training/align.py): which objectives read a teacher file, which run the target
 ALIGN_OBJECTIVES = ("wordkd", "seqkd", "tvdkd", "atspeed_s", "atspeed_r")
@@ -283,7 +284,7 @@ def train(
     step, bad_epochs, t0 = 0, 0, time.perf_counter()
     bar = tqdm(
         total=total_steps,
-        disable=not progress,
+        disable=not bar_enabled(progress),
         desc=f"train {cfg.model_size}",
         unit="step",
         dynamic_ncols=True,

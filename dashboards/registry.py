@@ -1,0 +1,149 @@
+"""The report registry: experiment kind -> page builder.
+
+A row's kind is read from the rows themselves, in this order: a `kind` column naming a registered page
+kind (load tests write `kind = loadtest`), else the `benchmark` column (the page that claims that
+benchmark, or the generic benchmark-lines page), else `decoders` (rows of `genrec eval` and decoder
+sweeps). An experiment's kind is the kind of most of its rows. A new page registers a `PageKind`
+with `register_page`; `build_report` and the index page look kinds up here and nowhere else.
+
+Builders import their modules lazily: the NEZHA and AtSpeed pages read their benchmarks' definitions,
+which a load-test page does not need.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import pandas as pd
+
+from genrec.dashboards.page import PageContext, ReportOptions
+
+DECODERS = "decoders"
+BENCHMARK = "benchmark"
+# builder(rows, out, title, options, context) -> the written page
+Builder = Callable[[pd.DataFrame, Path, str, ReportOptions, PageContext], Path]
+
+
+@dataclass(frozen=True)
+class PageKind:
+    name: str
+    label: str  # what the index page calls it
+    build: Builder
+    claims: tuple[str, ...] = ()  # benchmark names whose rows this page draws
+    heading: str = "genrec report"  # default title: '<heading>: <experiment>'
+
+    def title(self, experiment: str | None) -> str:
+        return f"{self.heading}: {experiment or self.label}"
+
+
+def _decoders(df, out, title, options, context):
+    from genrec.dashboards.decoders import build_decoder_page
+
+    return build_decoder_page(df, out, title, options, context)
+
+
+def _loadtest(df, out, title, options, context):
+    from genrec.dashboards.serving import serving_page
+
+    return serving_page(df, out, title, context=context)
+
+
+def _nezha(df, out, title, options, context):
+    from genrec.dashboards.nezha import build_nezha_report
+
+    return build_nezha_report(df, out, title, context=context)
+
+
+def _atspeed(df, out, title, options, context):
+    from genrec.dashboards.atspeed import build_atspeed_report
+
+    return build_atspeed_report(df, out, title, context=context)
+
+
+def _mari(df, out, title, options, context):
+    from genrec.dashboards.mari import build_mari_report
+
+    return build_mari_report(df, out, title, context=context)
+
+
+def _benchmark_lines(df, out, title, options, context):
+    from genrec.dashboards.benchmark_lines import build_benchmark_lines_report
+
+    return build_benchmark_lines_report(
+        df, out, title, x_param=options.x_param, metric=options.metric, context=context
+    )
+
+
+PAGES: dict[str, PageKind] = {}
+
+
+def register_page(kind: PageKind) -> PageKind:
+    if kind.name in PAGES:
+        raise ValueError(f"report page kind {kind.name!r} registered twice")
+    PAGES[kind.name] = kind
+    return kind
+
+
+for _kind in (
+    PageKind(DECODERS, "decoder comparison", _decoders),
+    PageKind("loadtest", "load test (serving)", _loadtest, heading="genrec serving report"),
+    PageKind("nezha", "NEZHA arms", _nezha, claims=("nezha_arm",)),
+    PageKind("atspeed", "AtSpeed arms", _atspeed, claims=("atspeed_arm",)),
+    PageKind("mari", "MaRI benchmarks", _mari, claims=("mari_matmul", "mari_fragmented", "mari_model")),
+    PageKind(BENCHMARK, "benchmarks", _benchmark_lines),
+):
+    register_page(_kind)
+
+
+def page_for_benchmark(name: str) -> str:
+    for kind in PAGES.values():
+        if name in kind.claims:
+            return kind.name
+    return BENCHMARK
+
+
+def row_kinds(df: pd.DataFrame) -> pd.Series:
+    """The page kind of every row (see the module docstring for the order)."""
+    kinds = pd.Series(DECODERS, index=df.index, dtype=object)
+    if "benchmark" in df.columns:
+        bench = df["benchmark"].astype(object)
+        named = bench.notna() & (bench.astype(str) != "")
+        kinds[named] = bench[named].astype(str).map(page_for_benchmark)
+    if "kind" in df.columns:
+        declared = df["kind"].astype(object)
+        known = declared.isin(list(PAGES))
+        kinds[known] = declared[known]
+    return kinds
+
+
+def experiment_kind(df: pd.DataFrame) -> str:
+    """The kind of most of the rows (ties: the first by name)."""
+    counts = row_kinds(df).value_counts()
+    return sorted(counts[counts == counts.max()].index)[0]
+
+
+def page_headline(kind: str, df: pd.DataFrame, options: ReportOptions) -> str:
+    """The HTML shown under a page's title (the `.headline` slot): page_headlines.py picks what each
+    kind compares, headline.py the rules; this is the one place pages get it from."""
+    from genrec.dashboards.page_headlines import page_headline_html
+
+    return page_headline_html(kind, df, options)
+
+
+def build_page(
+    df: pd.DataFrame,
+    out: Path,
+    title: str | None,
+    options: ReportOptions,
+    context: PageContext,
+    experiment: str | None = None,
+) -> tuple[str, Path]:
+    """Build the page of the rows' kind from the rows of that kind; (kind, path)."""
+    name = experiment_kind(df)
+    kind = PAGES[name]
+    rows = df[row_kinds(df) == name].reset_index(drop=True)
+    if not context.headline:
+        context = replace(context, headline=page_headline(name, rows, options))
+    return name, kind.build(rows, Path(out), title or kind.title(experiment), options, context)
