@@ -758,7 +758,7 @@ class Tracking:
     mlflow_uri: str | None = None  # None: the embedded sqlite store under results_dir
 
     def store(self, experiment: str):
-        from genrec.platform.tracking import MlflowStore, sqlite_uri
+        from genrec.platform.mlflow_store import MlflowStore, sqlite_uri
 
         return MlflowStore(self.mlflow_uri or sqlite_uri(self.results_dir), experiment)
 

@@ -307,7 +307,7 @@ def test_errors_and_timeouts_are_counted(stub, histories):
 
 
 def test_rows_go_to_parquet_and_mlflow(stub, histories, synth_dir, tmp_path):
-    from genrec.platform.tracking import MlflowStore, sqlite_uri
+    from genrec.platform.mlflow_store import MlflowStore, sqlite_uri
 
     server = stub(service_s=0.003)
     cfg = LoadConfig(url=server.url, rate=40, duration_s=0.5, warmup_s=0.1, beam_width=5, k=5)

@@ -16,7 +16,8 @@ import pytest
 import yaml
 from conftest import REPO, run_cli
 
-from genrec.platform.tracking import KIND_TAG, RUN_ID_TAG, read_results, read_rows
+from genrec.platform.mlflow_store import KIND_TAG, RUN_ID_TAG
+from genrec.platform.tracking import read_results, read_rows
 
 ray = pytest.importorskip("ray")
 mlflow = pytest.importorskip("mlflow")

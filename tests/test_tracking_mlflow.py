@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from genrec.platform.tracking import (
+from genrec.platform.mlflow_store import (
     CREATED_TAG,
     KIND_TAG,
     NAMING_TAG,
@@ -21,8 +21,8 @@ from genrec.platform.tracking import (
     split_row_for_mlflow,
     sqlite_uri,
     trial_times_ms,
-    write_result_row,
 )
+from genrec.platform.tracking import write_result_row
 
 mlflow = pytest.importorskip("mlflow")
 
@@ -258,7 +258,7 @@ def test_the_best_trial_is_the_one_of_the_configuration_the_sweep_chose():
 def test_run_naming_of_an_experiment_file(tmp_path):
     pytest.importorskip("ray")
     from genrec.platform.experiment import ExperimentConfig
-    from genrec.platform.sweep import run_naming
+    from genrec.platform.sweep_callbacks import run_naming
 
     base = {"name": "x", "dataset": {"path": str(tmp_path)}, "model": {"checkpoint": str(tmp_path)}}
     one = ExperimentConfig.model_validate(

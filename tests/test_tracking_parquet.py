@@ -60,7 +60,7 @@ def mlflow_dir(tmp_path_factory):
 
 
 def _store(root, name):
-    from genrec.platform.tracking import MlflowStore, sqlite_uri
+    from genrec.platform.mlflow_store import MlflowStore, sqlite_uri
 
     return MlflowStore(sqlite_uri(root), name)
 
@@ -75,7 +75,7 @@ def _raw_run(store, flat, status):
     """A run as a killed or a second driver leaves it: the row's tags and metrics, any status."""
     from mlflow.entities import Metric, RunTag
 
-    from genrec.platform.tracking import split_row_for_mlflow
+    from genrec.platform.mlflow_store import split_row_for_mlflow
 
     _, metrics, tags = split_row_for_mlflow(flat)
     run = store.client.create_run(store.experiment_id, tags=tags)

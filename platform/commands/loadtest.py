@@ -169,7 +169,7 @@ def loadtest_command(
         f"{command_hint('genrec', 'report', *follow)})"
     )
     if tracking.mlflow:
-        from genrec.platform.tracking import sqlite_uri
+        from genrec.platform.mlflow_store import sqlite_uri
 
         uri = mlflow_uri or sqlite_uri(results_dir)
         typer.echo(

@@ -15,7 +15,8 @@ import pytest
 import yaml
 from fault_helpers import wait_until
 
-from genrec.platform.tracking import KIND_TAG, read_rows
+from genrec.platform.mlflow_store import KIND_TAG
+from genrec.platform.tracking import read_rows
 
 ray = pytest.importorskip("ray")
 pytest.importorskip("mlflow")

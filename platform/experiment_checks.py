@@ -1,0 +1,350 @@
+"""Experiment checks that need no trial: decoder and benchmark names, parameter names and types, every
+combination of the search space through the one parameter adapter, numbers in range, input files.
+
+Every error is a `UserInputError` naming the key path (`search_space.beam_width.grid[2]`), raised
+before Ray starts, so the CLI exits with code 2 and nothing is written.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from collections.abc import Callable
+from dataclasses import MISSING
+from pathlib import Path
+from typing import Any
+
+from genrec.platform.experiment import MAX_COMBINATIONS_CHECKED, ExperimentConfig, SpaceSpec, expand_range
+from genrec.workloads.errors import UserInputError
+
+
+# ---- the checks --------------------------------------------------------------------------
+def validate_experiment(cfg: ExperimentConfig, check_files: bool = True) -> None:
+    from genrec.platform.tracking import check_experiment_name
+    from genrec.workloads.decoding.base import decoder_names
+
+    try:
+        check_experiment_name(cfg.name)
+    except UserInputError as e:
+        raise UserInputError(f"`name`: {e}") from None
+    if cfg.benchmark is not None:
+        validate_benchmark_experiment(cfg)
+        if check_files:
+            check_benchmark_inputs(cfg)
+        return
+    if cfg.arms:
+        for i, sub in enumerate(cfg.arm_configs()):
+            sampled = [n for n, spec in sub.search_space.items() if spec.kind not in ("grid", "range")]
+            if sampled:
+                raise UserInputError(
+                    f"`arms[{i}].search_space.{sampled[0]}`: an arm takes grid or range values only"
+                )
+            try:
+                own_model = cfg.arms[i].model is not None
+                validate_experiment(sub, check_files=check_files and (i == 0 or own_model))
+            except UserInputError as e:
+                raise UserInputError(f"`arms[{i}]` ({sub.decoder}): {e}") from None
+        return
+    check_draft_given(cfg)  # judged by name, so it needs no registry
+    if cfg.decoder not in decoder_names():
+        raise UserInputError(f"`decoder`: unknown decoder {cfg.decoder!r}; choose one of {decoder_names()}")
+    _check_numbers(cfg)
+
+    from genrec.platform.params import check_names, eval_params
+
+    for section, names in (("params", cfg.params), ("search_space", cfg.search_space)):
+        for name in names:
+            try:
+                check_names(cfg.decoder, [name])
+            except UserInputError as e:
+                hint = " (seeds go in `seeds:`)" if name == "seed" else ""
+                raise UserInputError(f"`{section}.{name}`: {e}{hint}") from None
+    both = sorted(set(cfg.params) & set(cfg.search_space))
+    if both:
+        raise UserInputError(f"`params.{both[0]}` is also in `search_space`; keep it in one place")
+
+    candidates = {}
+    for name, spec in cfg.search_space.items():
+        _check_space(f"search_space.{name}", spec)
+        candidates[name] = _candidate_values(f"search_space.{name}", spec)
+    # types and rules by the one adapter that also checks `genrec eval --param` and POST /recommend
+    _check_combinations(cfg, candidates, lambda values: eval_params(cfg.decoder, values, cfg.ks))
+
+    if cfg.metric not in cfg.valid_metrics():
+        raise UserInputError(f"`metric`: {cfg.metric!r} is not produced; choose one of {cfg.valid_metrics()}")
+    if check_files:
+        check_inputs(cfg)
+
+
+def _typed_candidates(cfg: ExperimentConfig, field_types: dict) -> dict[str, list[tuple[str, Any]]]:
+    """A benchmark experiment's `params` and search-space values checked against the function's
+    defaults' types; returns each search-space parameter's candidates as (key path, value) pairs."""
+    for name, value in cfg.params.items():
+        _check_type(f"params.{name}", field_types[name], value)
+    candidates: dict[str, list[tuple[str, Any]]] = {}
+    for name, spec in cfg.search_space.items():
+        _check_space(f"search_space.{name}", spec)
+        values = _candidate_values(f"search_space.{name}", spec)
+        for key, value in values:
+            _check_type(key, field_types[name], value)
+        candidates[name] = values
+    return candidates
+
+
+def validate_benchmark_experiment(cfg: ExperimentConfig) -> None:
+    """A `benchmark:` experiment: known name, params/search_space named like the function's keyword
+    arguments, values of the defaults' types, every grid combination accepted by the benchmark's check,
+    and a metric the benchmark reports."""
+    from types import SimpleNamespace
+
+    from genrec.workloads.benchmarks.registry import FILLED_BY_TRIAL, benchmark_names, get_benchmark
+
+    if cfg.benchmark not in benchmark_names():
+        raise UserInputError(
+            f"`benchmark`: unknown benchmark {cfg.benchmark!r}; choose one of {benchmark_names()}"
+        )
+    bench = get_benchmark(cfg.benchmark)
+    _check_numbers(cfg)
+    sig = bench.parameters()
+    if any(p.kind is p.VAR_KEYWORD for p in sig.values()):
+        raise UserInputError(
+            f"benchmark {cfg.benchmark!r} takes **kwargs; register a function with named arguments"
+        )
+    fields_ = {
+        name: SimpleNamespace(name=name, default=MISSING if p.default is p.empty else p.default)
+        for name, p in sig.items()
+    }
+    for section, names in (("params", cfg.params), ("search_space", cfg.search_space)):
+        for name in names:
+            if name not in fields_:
+                raise UserInputError(
+                    f"`{section}.{name}`: benchmark {cfg.benchmark!r} has no parameter {name!r}; "
+                    f"valid: {sorted(fields_)}"
+                )
+            if name == "seed":
+                raise UserInputError(f"`{section}.seed`: seeds go in `seeds:` (each seed is one trial)")
+    both = sorted(set(cfg.params) & set(cfg.search_space))
+    if both:
+        raise UserInputError(f"`params.{both[0]}` is also in `search_space`; keep it in one place")
+    required = [
+        n
+        for n, f in fields_.items()
+        if f.default is MISSING
+        and n not in FILLED_BY_TRIAL
+        and n not in cfg.params
+        and n not in cfg.search_space
+    ]
+    if required:
+        raise UserInputError(
+            f"benchmark {cfg.benchmark!r} needs {required}: set them in `params` or `search_space`"
+        )
+    _check_combinations(cfg, _typed_candidates(cfg, fields_), bench.check)
+    if cfg.metric not in cfg.valid_metrics():
+        raise UserInputError(
+            f"`metric`: {cfg.metric!r} is not reported by benchmark {cfg.benchmark!r}; "
+            f"choose one of {cfg.valid_metrics()}"
+        )
+
+
+def _check_numbers(cfg: ExperimentConfig) -> None:
+    checks = [
+        ("eval.ks", min(cfg.eval.ks, default=0) >= 1, "K values must be >= 1 (e.g. [5, 10])"),
+        ("eval.batch_size", cfg.eval.batch_size >= 1, "must be >= 1"),
+        ("eval.max_users", cfg.eval.max_users >= 0, "must be >= 0 (0 = every user)"),
+        ("eval.warmup_batches", cfg.eval.warmup_batches >= 0, "must be >= 0"),
+        ("eval.threads", cfg.eval.threads >= 0, "must be >= 0 (0 = the trial's CPU count)"),
+        ("eval.repeats", cfg.eval.repeats >= 1, "must be >= 1 (3 or more to see run-to-run spread)"),
+        ("seeds", len(cfg.seeds) >= 1, "give at least one seed"),
+        ("num_samples", cfg.num_samples >= 1, "must be >= 1"),
+        ("max_concurrent", cfg.max_concurrent >= 0, "must be >= 0 (0 = as resources allow)"),
+        ("max_failures", cfg.max_failures >= 0, "must be >= 0"),
+        ("resources.cpu", cfg.resources.cpu > 0, "must be > 0 (fractions like 0.5 are fine)"),
+        (
+            "resources.gpu",
+            cfg.resources.gpu == "auto" or cfg.resources.gpu >= 0,
+            "must be >= 0 or 'auto'",
+        ),
+        ("ray.num_cpus", cfg.ray.num_cpus is None or cfg.ray.num_cpus >= 1, "must be >= 1"),
+    ]
+    for key, ok, msg in checks:
+        if not ok:
+            raise UserInputError(f"`{key}`: {msg}, got {_get(cfg, key)!r}")
+    if len(set(cfg.seeds)) != len(cfg.seeds):
+        raise UserInputError(f"`seeds`: duplicates in {cfg.seeds}")
+    if cfg.model.train is not None:
+        try:
+            cfg.model.train.to_train_config().validate()
+        except UserInputError as e:
+            raise UserInputError(f"`model.train`: {e}") from None
+
+
+def _get(cfg: ExperimentConfig, dotted: str) -> Any:
+    obj: Any = cfg
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _check_space(key: str, spec: SpaceSpec) -> None:
+    kind = spec.kind
+    value = getattr(spec, kind)
+    if kind in ("grid", "choice"):
+        if not value:
+            raise UserInputError(f"`{key}.{kind}`: give at least one value")
+        if len({json.dumps(v) for v in value}) != len(value):
+            raise UserInputError(f"`{key}.{kind}`: duplicate values in {value}")
+        return
+    if kind == "range":
+        if value.step <= 0:
+            raise UserInputError(f"`{key}.range.step`: must be > 0, got {value.step}")
+        if value.high < value.low:
+            raise UserInputError(f"`{key}.range`: high ({value.high}) is below low ({value.low})")
+        return
+    if not value.low < value.high:
+        raise UserInputError(f"`{key}.{kind}`: low ({value.low}) must be below high ({value.high})")
+    if kind == "loguniform" and value.low <= 0:
+        raise UserInputError(f"`{key}.loguniform.low`: must be > 0, got {value.low}")
+    if kind == "randint" and not (float(value.low).is_integer() and float(value.high).is_integer()):
+        raise UserInputError(f"`{key}.randint`: low and high must be integers")
+
+
+def _candidate_values(key: str, spec: SpaceSpec) -> list[tuple[str, Any]]:
+    """(key path, value) pairs to validate: every listed value, or the ends of a sampled range."""
+    kind = spec.kind
+    value = getattr(spec, kind)
+    if kind in ("grid", "choice"):
+        return [(f"{key}.{kind}[{i}]", v) for i, v in enumerate(value)]
+    if kind == "range":
+        return [(f"{key}.range", v) for v in expand_range(value)]
+    ends = [value.low, value.high]
+    if kind == "randint":
+        ends = [int(x) for x in ends]
+    return [(f"{key}.{kind}.low", ends[0]), (f"{key}.{kind}.high", ends[1])]
+
+
+def _check_type(key: str, field: Any, value: Any) -> None:
+    """Reject values whose type cannot be the decoder parameter's (judged by its default)."""
+    default = field.default if field.default is not MISSING else None
+    if default is None:
+        return
+    ok = True
+    if isinstance(default, bool):
+        ok = isinstance(value, bool)
+    elif isinstance(default, int):
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif isinstance(default, float):
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+    elif isinstance(default, str):
+        ok = isinstance(value, str)
+    if not ok:
+        raise UserInputError(
+            f"`{key}`: {field.name} takes a {type(default).__name__}, got {value!r} ({type(value).__name__})"
+        )
+
+
+def _check_combinations(
+    cfg: ExperimentConfig, candidates: dict[str, list[tuple[str, Any]]], check: Callable[[dict], object]
+) -> None:
+    """Every combination of candidate values (with the fixed params) must pass `check` (the decoder's
+    Params or the benchmark's own check); the error names the values that failed."""
+    names = list(candidates)
+    if math.prod(len(v) for v in candidates.values()) > MAX_COMBINATIONS_CHECKED:
+        # too many combinations: check each value alone with the fixed params
+        checks = [((name,), [kv]) for name in names for kv in candidates[name]]
+    else:
+        checks = [(tuple(names), list(c)) for c in itertools.product(*candidates.values())]
+    for group, picked in checks:
+        values = dict(cfg.params)
+        values.update({name: v for name, (_, v) in zip(group, picked)})
+        try:
+            check(values)
+        except (UserInputError, TypeError, ValueError) as e:
+            raise UserInputError(f"{_where(cfg, group, picked, getattr(e, 'param', None))}: {e}") from None
+
+
+def _where(cfg: ExperimentConfig, group: tuple, picked: list, param: str | None) -> str:
+    """The key path of a failed check: the one value at fault when the error names its parameter
+    (genrec.platform.params.ParamError), else every search-space value of the combination."""
+    for name, (key, value) in zip(group, picked):
+        if name == param:
+            return f"`{key}` = {value!r}"
+    if param is not None and param in cfg.params:
+        return f"`params.{param}`"
+    return ", ".join(f"`{k}` = {v!r}" for k, v in picked) or "`params`"
+
+
+def check_benchmark_inputs(cfg: ExperimentConfig) -> None:
+    """The dataset folders a benchmark reads (its `dataset_params`) exist, before Ray starts."""
+    from genrec.workloads.benchmarks.registry import get_benchmark
+
+    for name in get_benchmark(cfg.benchmark).dataset_params:
+        data = cfg.params.get(name)
+        if isinstance(data, str) and not (Path(data) / "manifest.json").is_file():
+            raise UserInputError(
+                f"`params.{name}`: {data} is not a dataset folder (no manifest.json); create it with "
+                f"`genrec data synth --out {data}` or `genrec data import ...`"
+            )
+
+
+def check_draft_given(cfg: ExperimentConfig) -> None:
+    """A decoder that decodes with a draft model (AtSpeed's) needs `draft:` in the file."""
+    from genrec.workloads.decoding.draft import draft_needed_message, needs_draft
+
+    if needs_draft(cfg.decoder) and cfg.draft is None:
+        raise UserInputError(
+            "`draft`: " + draft_needed_message(cfg.decoder, "add `draft: DIR` beside `model:`")
+        )
+
+
+def check_draft_input(cfg: ExperimentConfig, data: Path, sizes: list[int]) -> None:
+    """The draft folder holds a checkpoint on the dataset's codec (config.json only: the trials load it)."""
+    from genrec.workloads.decoding.draft import check_same_codec, checkpoint_codebook_sizes
+
+    try:
+        draft_sizes = checkpoint_codebook_sizes(cfg.draft)
+        check_same_codec(cfg.draft, draft_sizes, data, tuple(sizes), target_role="dataset")
+    except UserInputError as e:
+        raise UserInputError(f"`draft`: {e}") from None
+
+
+def check_inputs(cfg: ExperimentConfig) -> None:
+    """The dataset exists; the checkpoint exists (or will be trained) and fits the dataset; so does the
+    draft, if any."""
+    data = cfg.dataset.path
+    if not (data / "manifest.json").is_file():
+        raise UserInputError(
+            f"`dataset.path`: {data} is not a dataset folder (no manifest.json); create it with "
+            f"`genrec data synth --out {data}` or `genrec data import ...`"
+        )
+    try:
+        sizes = json.loads((data / "manifest.json").read_text())["codebook_sizes"]
+    except (ValueError, KeyError) as e:
+        raise UserInputError(
+            f"`dataset.path`: {data}/manifest.json is unreadable ({e}); rebuild it"
+        ) from None
+    if cfg.draft is not None:
+        check_draft_input(cfg, data, sizes)
+    if cfg.model.checkpoint is None:
+        return  # trained by the sweep from this dataset
+    ckpt = cfg.model.checkpoint
+    if not ((ckpt / "config.json").is_file() and (ckpt / "model.safetensors").is_file()):
+        raise UserInputError(
+            f"`model.checkpoint`: {ckpt} holds no checkpoint (config.json + model.safetensors); create it "
+            f"with `genrec train --data {data} --model tiny --out {ckpt}`, or use `model: {{train: ...}}`"
+        )
+    from genrec.workloads.models.checkpoint import read_checkpoint_config
+
+    try:  # the loader's own checks and messages (the pre-flight loads the weights before Ray starts)
+        ckpt_sizes = (read_checkpoint_config(ckpt / "config.json")["codec"] or {})["codebook_sizes"]
+    except UserInputError as e:
+        raise UserInputError(f"`model.checkpoint`: {e}") from None
+    except (TypeError, KeyError) as e:
+        raise UserInputError(
+            f"`model.checkpoint`: {ckpt}/config.json: `codec` holds no codebook_sizes ({e!r}); retrain it"
+        ) from None
+    if list(ckpt_sizes) != list(sizes):
+        raise UserInputError(
+            f"`model.checkpoint`: {ckpt} was trained for codebook sizes {ckpt_sizes}, but the dataset "
+            f"{data} has {sizes}; use the dataset the model was trained on"
+        )
