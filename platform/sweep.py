@@ -86,6 +86,7 @@ class SweepSummary:
     slots: int = 1
     parquet_dir: Path | None = None
     mlflow_uri: str | None = None
+    mlflow_experiment_id: str | None = None
     report: Path | None = None
     best: dict[str, Any] = field(default_factory=dict)
     resumed: bool = False
@@ -116,10 +117,15 @@ class SweepSummary:
             hint = command_hint("genrec", "runs", "--experiment", self.experiment, *follow)
             out.append(f"result rows: {self.parquet_dir}  ({hint})")
         if self.mlflow_uri:
+            # MLflow 3.17's UI opens an experiment on its GenAI overview unless asked for the runs table
+            runs = f"#/experiments/{self.mlflow_experiment_id}/runs?workflowType=machine_learning"
             if self.mlflow_uri.startswith("sqlite:"):
                 out.append(f"mlflow: mlflow ui --backend-store-uri {self.mlflow_uri}")
+                if self.mlflow_experiment_id:
+                    out.append(f"        then open http://127.0.0.1:5000/{runs}  (the runs table)")
             else:
-                out.append(f"mlflow: {self.mlflow_uri}")
+                page = runs if self.mlflow_experiment_id else ""
+                out.append(f"mlflow: {self.mlflow_uri.rstrip('/')}/{page}")
         if self.report:
             out.append(f"report: {self.report}")
         return out + self.notes
@@ -407,7 +413,7 @@ def _run_sweep_locked(
         file_tag = {"genrec.experiment_file": str(cfg.source or "")}
         store.open_sweep(run_naming(cfg), resume=restore, tags=file_tag)  # --resume: the same run
         store.sync_from_parquet(cfg.results_dir)
-        summary.mlflow_uri = cfg.mlflow_uri
+        summary.mlflow_uri, summary.mlflow_experiment_id = cfg.mlflow_uri, store.experiment_id
     device = cfg.eval.device if cfg.eval.device != "auto" else ("cuda" if gpu else "cpu")
     trial_fn = run_trial if cfg.benchmark is None else run_benchmark_trial  # benchmark: no model or data
     trainable = tune.with_resources(trial_fn, {"cpu": cpu, "gpu": gpu})
