@@ -163,15 +163,18 @@ def config_estimates(df: pd.DataFrame, axis: Axis) -> list[tuple[str, Estimate]]
     return out
 
 
+def varying_params(rows: pd.DataFrame) -> list[str]:
+    """The parameter columns that take more than one value in `rows` (one decoder's rows)."""
+    text = lambda v: "" if is_missing(v) else format_value(v)  # noqa: E731
+    return [c for c in param_columns(rows) if rows[c].map(text).nunique() > 1]
+
+
 def config_label_series(df: pd.DataFrame) -> pd.Series:
     """A short label per row's configuration: the decoder and only the parameters that vary among that
     decoder's rows ('beam(beam_width=20)', 'nezha'), plus the context that varies ('[model=...]')."""
-    params = param_columns(df)
     labels = pd.Series("", index=df.index, dtype=object)
     for decoder, rows in df.groupby(df["decoder"].astype(str), sort=False):
-        shown = [
-            c for c in params if rows[c].map(lambda v: "" if is_missing(v) else format_value(v)).nunique() > 1
-        ]
+        shown = varying_params(rows)
         for i, r in rows.iterrows():
             labels[i] = config_label(decoder, config_params(r, shown))
     for c in varying_context(df):  # only where a row differs from most rows ('[model=nezha-ckpt]')

@@ -18,9 +18,14 @@ from genrec.dashboards.analysis import PARAM_PREFIX, QUALITY_RE, default_budgets
 from genrec.dashboards.headline import Axis, build_headline, config_estimates, render_headline
 from genrec.dashboards.page import ReportOptions
 
-HIGHER = re.compile(r"speedup|throughput|acceptance|^as_|^ws_|users_per_s|valid_share|compliance|^rate")
-LOWER = re.compile(r"invalid|missing|^time_|^latency_|_ms$|_us$|_s$|_over_|degradation|overhead|memory|_mb")
-SHARE = re.compile(r"_rate$|_share$|^compliance$")
+HIGHER = re.compile(
+    r"speedup|throughput|goodput|acceptance|accepted|^ws$|^as_|^ws_|users_per_s|valid_share|compliance|"
+    r"^rate|best_rate"
+)
+LOWER = re.compile(
+    r"invalid|missing|^time_|^latency_|_ms$|_us$|_s$|_ms_|_us_|_over_|degradation|overhead|memory|_mb"
+)
+SHARE = re.compile(r"(invalid|missing|error|reject\w*)_rate$|_share$|^compliance$")
 
 
 def axis_for(column: str) -> Axis | None:

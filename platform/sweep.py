@@ -520,7 +520,7 @@ def best_configuration(rows: list[dict], metric: str, mode: str) -> dict[str, An
     import pandas as pd
 
     from genrec.dashboards.analysis import QUALITY_RE
-    from genrec.dashboards.headline import Axis, config_label_series, verdict
+    from genrec.dashboards.headline import Axis, config_label_series, varying_params, verdict
 
     df = pd.DataFrame(rows)
     rate = bool(QUALITY_RE.match(metric)) or metric.endswith("_rate")
@@ -532,7 +532,9 @@ def best_configuration(rows: list[dict], metric: str, mode: str) -> dict[str, An
     best: dict[str, Any] = {metric: round(est.value, 4)}
     if df["decoder"].nunique() > 1:
         best["decoder"] = row["decoder"]
-    best.update(json.loads(row.get("decoder_params") or "{}"))
+    shown = varying_params(df[df["decoder"] == row["decoder"]])  # what sets it apart, not every default
+    params = json.loads(row.get("decoder_params") or "{}")
+    best.update({c.removeprefix("param_"): params.get(c.removeprefix("param_")) for c in shown})
     best["seed"] = None if pd.isna(row.get("seed")) else int(row["seed"])
     best["significant"] = found.significant
     if not found.significant and len(found.ranked) > 1:

@@ -139,3 +139,33 @@ def test_the_sweep_summary_crowns_by_the_same_rule():
     tied = [row("beam", 10, 0.300, 10.0), row("beam", 12, 0.305, 10.0)]
     best = best_configuration(tied, "recall@10", "max")
     assert best["beam_width"] == 12 and not best["significant"] and best["tied_with"] == 1
+
+
+@pytest.mark.parametrize(
+    "column, higher, kind",
+    [
+        ("recall@10", True, "rate"),
+        ("invalid_rate", False, "rate"),
+        ("latency_p50_ms", False, "timing"),
+        ("kernel_ms_p99", False, "timing"),
+        ("time_speedup", True, "timing"),
+        ("ws", True, "timing"),
+        ("best_rate", True, "timing"),  # requests per second, not a share
+        ("throughput_users_per_s", True, "timing"),
+    ],
+)
+def test_benchmark_columns_get_their_direction_by_name(column, higher, kind):
+    from genrec.dashboards.page_headlines import axis_for
+
+    a = axis_for(column)
+    assert (a.higher_is_better, a.kind) == (higher, kind)
+
+
+def test_benchmarks_are_compared_at_their_largest_swept_size():
+    from genrec.dashboards.page_headlines import at_largest_size
+
+    df = pd.DataFrame(
+        {"param_n": [10, 100, 1000, 10, 100, 1000], "param_backend": ["a", "a", "a", "b", "b", "b"]}
+    )
+    picked, where = at_largest_size(df)
+    assert set(picked["param_n"]) == {1000} and len(picked) == 2 and where == "at n=1000 (the largest)"
