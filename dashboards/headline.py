@@ -37,6 +37,7 @@ from genrec.dashboards.analysis import (
     param_columns,
     varying_context,
 )
+from genrec.workloads.results import spread_columns
 
 Z95 = 1.96
 FLAT_TOL = 1e-9
@@ -117,14 +118,6 @@ class Headline:
 # ------------------------------------------------------------------------------------- estimates
 
 
-def _lohi_columns(column: str) -> tuple[str, str]:
-    """`latency_p50_ms` -> (`latency_p50_lo_ms`, `latency_p50_hi_ms`); others -> (`X_lo`, `X_hi`)."""
-    if column.endswith("_ms"):
-        stem = column[: -len("_ms")]
-        return f"{stem}_lo_ms", f"{stem}_hi_ms"
-    return f"{column}_lo", f"{column}_hi"
-
-
 def estimate(rows: pd.DataFrame, axis: Axis) -> Estimate | None:
     """Median and interval of `axis.column` over the rows of one configuration (None: no value)."""
     values = pd.to_numeric(rows[axis.column], errors="coerce") if axis.column in rows else None
@@ -133,7 +126,7 @@ def estimate(rows: pd.DataFrame, axis: Axis) -> Estimate | None:
     ok = values.notna()
     vals = values[ok].to_numpy(dtype=float)
     mid = float(np.median(vals))
-    lo_col, hi_col = _lohi_columns(axis.column)
+    lo_col, hi_col = spread_columns(axis.column)
     lows = pd.to_numeric(rows.loc[ok, lo_col], errors="coerce") if lo_col in rows else None
     highs = pd.to_numeric(rows.loc[ok, hi_col], errors="coerce") if hi_col in rows else None
     lo, hi = float(vals.min()), float(vals.max())

@@ -5,7 +5,8 @@ unchanged: run id `<experiment>-<Tune trial id>`, the flat row as JSON under ROW
 numeric columns, and a row already in Parquet (a trial Tune re-runs after a driver restart) reported
 back without running again. The row has the shared columns (experiment, run_id, decoder =
 "benchmark:<name>", decoder_params JSON, param_*, seed, environment, trial timings) plus a `benchmark`
-column and every scalar the benchmark returned.
+column and every scalar the benchmark returned (with `eval.repeats` > 1: the median of the repeated
+runs, with the smallest and largest beside it, as `genrec eval` does for latency).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import asdict
 from datetime import UTC, datetime
 
 from genrec.platform.experiment import TrialSpec
-from genrec.workloads.results import RESULT_SCHEMA_VERSION, current_environment
+from genrec.workloads.results import RESULT_SCHEMA_VERSION, current_environment, median_over_repeats
 
 
 def benchmark_kwargs(spec: TrialSpec, params: dict, seed: int) -> dict:
@@ -77,6 +78,8 @@ def run_benchmark_trial(config: dict) -> None:
     seed = int(config.get("seed", 0))
     kwargs = benchmark_kwargs(spec, params, seed)
     torch.set_num_threads(int(kwargs.get("threads") or spec.torch_threads))
-    metrics = get_benchmark(spec.benchmark).run(**kwargs)
+    bench = get_benchmark(spec.benchmark)
+    # eval.repeats: the whole benchmark again; its numbers become medians with their range beside them
+    metrics = median_over_repeats([bench.run(**kwargs) for _ in range(spec.repeats)])
     flat = benchmark_row(spec, run_id, params, seed, metrics, str(kwargs.get("device", spec.device)))
     report_trial_row(flat, trial_id, started, t0)

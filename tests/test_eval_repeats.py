@@ -39,3 +39,33 @@ def test_repeats_must_be_positive():
 
     with pytest.raises(UserInputError, match="repeats must be >= 1"):
         EvalConfig(repeats=0).validate()
+
+
+def test_benchmark_repeats_become_medians_with_their_range():
+    from genrec.workloads.results import median_over_repeats, spread_columns
+
+    runs = [
+        {"kernel_ms": 3.0, "speedup": 2.0, "name": "a", "ok": True},
+        {"kernel_ms": 1.0, "speedup": 4.0},
+        {"kernel_ms": 2.0, "speedup": 3.0},
+    ]
+    out = median_over_repeats(runs)
+    assert (out["kernel_ms"], out["kernel_lo_ms"], out["kernel_hi_ms"]) == (2.0, 1.0, 3.0)
+    assert (out["speedup"], out["speedup_lo"], out["speedup_hi"]) == (3.0, 2.0, 4.0)
+    assert out["name"] == "a" and out["ok"] is True and out["repeats"] == 3
+    assert median_over_repeats(runs[:1]) == runs[0]  # one run: as it was
+    assert spread_columns("latency_p50_ms") == ("latency_p50_lo_ms", "latency_p50_hi_ms")
+
+
+def test_the_headline_reads_a_benchmarks_range():
+    import pandas as pd
+
+    from genrec.dashboards.headline import Axis, verdict
+    from genrec.workloads.results import median_over_repeats
+
+    rows = []
+    for backend, base in (("fast", 1.0), ("slow", 3.0)):
+        out = median_over_repeats([{"kernel_ms": base * f} for f in (0.9, 1.0, 1.1)])
+        rows.append({"decoder": "benchmark:x", "param_backend": backend, **out})
+    v = verdict(pd.DataFrame(rows), Axis("kernel_ms", False, "timing", "kernel", "ms"))
+    assert v.winner == "benchmark:x(backend=fast)" and v.margin.value == 3.0

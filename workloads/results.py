@@ -122,6 +122,34 @@ def benchmark_summary(
     return summary
 
 
+def spread_columns(column: str) -> tuple[str, str]:
+    """The columns holding a measurement's smallest and largest repeat beside its median: `latency_p50_ms`
+    -> (`latency_p50_lo_ms`, `latency_p50_hi_ms`), other columns `X` -> (`X_lo`, `X_hi`). One rule for
+    the writers (eval passes, benchmark repeats) and the reports that read them."""
+    for unit in ("_ms", "_us", "_s"):
+        if column.endswith(unit):
+            stem = column[: -len(unit)]
+            return f"{stem}_lo{unit}", f"{stem}_hi{unit}"
+    return f"{column}_lo", f"{column}_hi"
+
+
+def median_over_repeats(runs: list[dict]) -> dict:
+    """One result from repeated runs of a benchmark: each numeric value's median with its smallest and
+    largest run in `spread_columns`; everything else as the first run had it."""
+    import numpy as np
+
+    out = dict(runs[0])
+    if len(runs) < 2:
+        return out
+    for key, value in runs[0].items():
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            values = [float(r[key]) for r in runs if isinstance(r.get(key), int | float)]
+            lo, hi = spread_columns(key)
+            out[key], out[lo], out[hi] = float(np.median(values)), min(values), max(values)
+    out["repeats"] = len(runs)
+    return out
+
+
 def peak_memory_mb(device: torch.device) -> float:
     """Peak GPU memory allocated by torch on CUDA; the process's peak resident set on CPU."""
     if device.type == "cuda":
