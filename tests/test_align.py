@@ -19,6 +19,7 @@ from genrec.workloads.sid_codec import BOS, SIDCodec
 from genrec.workloads.training.align import (
     AlignFlags,
     AlignObjective,
+    atspeed_s_loss,
     build_sequence_batch,
     mix_losses,
     sequence_logits,
@@ -105,7 +106,9 @@ def plain_rows(model, item_tokens, prompt, sid_tokens) -> list[list[float]]:
     return [logits[p - 1 + t].tolist() for t in range(len(sid_tokens))]
 
 
-def reference_sequence_loss(w: World, kind: str, n_align=K, constrained=True, density_reg=True) -> float:
+def reference_sequence_loss(
+    w: World, kind: str, n_align=K, constrained=True, density_reg=True, dr_mode="weighted"
+) -> float:
     codec, levels, vocab = w.codec, len(SIZES), w.codec.vocab_size
     valid = w.valid_prefixes()
     per_example = []
@@ -137,14 +140,15 @@ def reference_sequence_loss(w: World, kind: str, n_align=K, constrained=True, de
                     per_level.append(0.5 * sum(abs(pn[v] - qn[v]) for v in support))
                     continue
                 rkld = sum(qn[v] * math.log(qn[v] / pn[v]) for v in support)
-                dr = sum(qn[v] * math.log(qn[v] / p_k[t]) for v in support)
+                if dr_mode == "literal":  # eq. 4 as printed
+                    dr = sum(qn[v] * math.log(qn[v] / p_k[t]) for v in support)
+                else:  # p(y_K) weighting the draft's negative entropy on V_c
+                    dr = p_k[t] * sum(qn[v] * math.log(qn[v]) for v in support)
                 per_level.append(rkld - (dr if density_reg else 0.0))
             terms.append(per_level)
         if kind == "seqkd":  # mean over every (SID, level)
             per_example.append(sum(map(sum, terms)) / (n_align * levels))
-        elif kind == "atspeed_s":  # eq. 4: sum over the SIDs of the per-SID level mean
-            per_example.append(sum(sum(x) / levels for x in terms))
-        else:  # eq. 8: mean over (x, y) pairs
+        else:  # eq. 4 (read as a mean over the SIDs) and eq. 8: mean over (x, y) pairs
             per_example.append(sum(sum(x) / levels for x in terms) / n_align)
     return sum(per_example) / len(per_example)
 
@@ -195,6 +199,7 @@ def test_token_objectives_equal_the_per_position_reference(world, kind):
     "kind, flags, ref",
     [
         ("atspeed_s", {"density_reg": False}, {"density_reg": False}),
+        ("atspeed_s", {"dr_mode": "literal"}, {"dr_mode": "literal"}),
         ("atspeed_s", {"constrained": False}, {"constrained": False}),
         ("atspeed_s", {"top1": True}, {"n_align": 1}),
         ("atspeed_r", {"constrained": False}, {"constrained": False}),
@@ -218,6 +223,111 @@ def test_constraint_and_top_k_both_cut_the_support_in_this_world(world):
     ]
     counts = [(t, sum(prefix + (v,) in valid for v in range(SIZES[t]))) for t, prefix in steps]
     assert any(n < SIZES[t] for t, n in counts) and any(n > K for _, n in counts)
+
+
+# --- AtSpeed-S's reading of eq. 4 (docs/results.md, "AtSpeed-S objective re-check") ----------------
+def one_level(draft: list[float], target: list[float], support: list[bool], sid_token: int):
+    """atspeed_s_loss's inputs for one example, one SID (so y_K is that SID), one level."""
+    q = torch.tensor(draft, dtype=torch.float64).reshape(1, 1, 1, -1).requires_grad_(True)
+    p = torch.tensor(target, dtype=torch.float64).reshape(1, 1, 1, -1)
+    return q, p, torch.tensor([[[sid_token]]]), torch.tensor(support).reshape(1, 1, 1, -1)
+
+
+@pytest.mark.parametrize(
+    "dr_mode, value, grad0",
+    [
+        # hand computation (q' = (0.9, 0.1), p' = (0.6, 0.4), w = p(y_K,t) = 0.5):
+        # KL(q'||p') = 0.9 ln 1.5 + 0.1 ln 0.25 = 0.226289, H(q') = 0.325083
+        # weighted: KL + w H = 0.388831; d/dz_0 = q_0 (g_0 - sum q g), g = (1-w)(ln q + 1) - ln p'
+        #           = 0.9 * (0.958146 - 0.888831) = +0.062384: q'_0 is above the optimum
+        #           p'^2 / sum p'^2 = (0.692, 0.308), so the loss pulls it back
+        # literal:  -sum q' ln p' + ln w = 0.551372 - 0.693147 = -0.141775; d/dz_0 = 0.9 * (-ln 0.6
+        #           - 0.551372) = -0.036491: it pushes q' further towards the one-hot
+        ("weighted", 0.388831, 0.062384),
+        ("literal", -0.141775, -0.036491),
+    ],
+)
+def test_atspeed_s_on_a_hand_computed_level(dr_mode, value, grad0):
+    # target over three tokens (1/2, 1/3, 1/6); the third is outside V_c, where the draft puts most of
+    # its mass (an invalid code): neither its probability nor its logit may matter
+    q, p, sid, support = one_level(
+        [math.log(0.9), math.log(0.1), 5.0], [math.log(1 / 2), math.log(1 / 3), math.log(1 / 6)],
+        [True, True, False], sid_token=0,
+    )  # fmt: skip
+    loss = atspeed_s_loss(q, p, sid, support, dr_mode=dr_mode)
+    loss.backward()
+    assert loss.item() == pytest.approx(value, abs=1e-6)
+    assert q.grad[0, 0, 0, 0].item() == pytest.approx(grad0, abs=1e-6)
+    assert q.grad[0, 0, 0, 2].item() == 0.0
+
+
+def random_level(seed: int, n: int = 6, cut: int = 4):
+    g = torch.Generator().manual_seed(seed)
+    target = (torch.randn(n, generator=g, dtype=torch.float64) * 2).tolist()
+    draft = (torch.randn(n, generator=g, dtype=torch.float64) * 2).tolist()
+    support = [i < cut for i in range(n)]
+    # y_K's token: any but the target's favourite, so w = p(y_K,t) <= 1/2 and p'^(1/(1-w)) stays
+    # representable in floating point (w -> 1 sharpens towards the one-hot; see the module doc)
+    others = [i for i in range(n) if i != int(torch.tensor(target).argmax())]
+    sid = others[int(torch.randint(0, len(others), (1,), generator=g))]
+    return draft, target, support, sid
+
+
+def support_target(target: list[float], support: list[bool]) -> torch.Tensor:
+    """p' over V_c (the first entries), as float64."""
+    t = torch.tensor(target, dtype=torch.float64)[torch.tensor(support)]
+    return torch.softmax(t, -1)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_reverse_kl_part_is_minimised_where_the_draft_matches_the_target_on_v_c(seed):
+    draft, target, support, sid = random_level(seed)
+    # the draft equal to the target up to a shift on V_c (anything outside): q' = p'
+    matched = [t + 1.7 if s else d for d, t, s in zip(draft, target, support)]
+    q, p, sid_t, sup = one_level(matched, target, support, sid)
+    at_match = atspeed_s_loss(q, p, sid_t, sup, density_reg=False)
+    at_match.backward()
+    # (the losses compute in float32, hence the tolerances)
+    assert at_match.item() == pytest.approx(0.0, abs=1e-6)
+    assert q.grad.abs().max().item() < 1e-6  # a stationary point ...
+    q2, *_ = one_level(draft, target, support, sid)
+    assert atspeed_s_loss(q2, p, sid_t, sup, density_reg=False).item() > 1e-6  # ... and the minimum
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_weighted_atspeed_s_is_bounded_and_minimised_by_the_sharpened_target(seed):
+    """KL(q'||p') + w H(q') >= 0, minimised at q' ~ p'^(1/(1-w)): the target's ranking on V_c, sharper,
+    not one-hot. Eq. 4 as printed (the code before the re-check) is linear in q', goes below 0, and is
+    not stationary there."""
+    draft, target, support, sid = random_level(seed)
+    _, p, sid_t, sup = one_level(draft, target, support, sid)
+    w = torch.softmax(p[0, 0, 0], -1)[sid].item()  # p(y_K,t): the full-vocabulary conditional
+    p_sup = support_target(target, support)
+    best = torch.softmax(p_sup.log() / (1 - w), -1)
+    at_best = [math.log(best[i]) if s else d for i, (d, s) in enumerate(zip(draft, support))]
+    q, *_ = one_level(at_best, target, support, sid)
+    loss = atspeed_s_loss(q, p, sid_t, sup)
+    loss.backward()
+    assert q.grad.abs().max().item() < 1e-6 and loss.item() >= 0.0
+    assert best.max().item() < 0.999  # the minimiser keeps the other codes of V_c
+    for trial in range(20):  # it is the minimum: random drafts (incl. near one-hot ones) are higher
+        g = torch.Generator().manual_seed(1000 * seed + trial)
+        z = (torch.randn(len(draft), generator=g, dtype=torch.float64) * (1 + trial)).tolist()
+        qz, *_ = one_level(z, target, support, sid)
+        assert atspeed_s_loss(qz, p, sid_t, sup).item() >= loss.item() - 1e-6
+    one_hot = [30.0 if i == int(p_sup.argmax()) else 0.0 for i in range(len(draft))]
+    q1, *_ = one_level(one_hot, target, support, sid)
+    assert atspeed_s_loss(q1, p, sid_t, sup).item() > loss.item() + 1e-6  # collapse is not rewarded
+    q_lit, *_ = one_level(at_best, target, support, sid)
+    literal = atspeed_s_loss(q_lit, p, sid_t, sup, dr_mode="literal")
+    literal.backward()
+    assert q_lit.grad.abs().max().item() > 1e-3  # the printed form moves on from there ...
+    assert atspeed_s_loss(q1, p, sid_t, sup, dr_mode="literal").item() < literal.item()  # ... to collapse
+
+
+def test_align_flags_refuse_an_unknown_density_reading():
+    with pytest.raises(ValueError, match="dr_mode"):
+        AlignFlags(dr_mode="paper")
 
 
 # --- the alpha mixture -------------------------------------------------------------------------------
@@ -380,7 +490,8 @@ def test_cli_trains_an_atspeed_s_draft_that_names_its_target(
     config = json.loads((out / "config.json").read_text())
     assert config["target"] == str(tiny_model_dir.resolve()) and config["objective"] == "atspeed_s"
     assert config["alpha"] == 0.5 and config["teacher_k"] == K and config["teacher_kind"] == "beam"
-    assert config["align_flags"] == {"density_reg": True, "constrained": True, "top1": False}
+    flags = {"density_reg": True, "constrained": True, "top1": False, "dr_mode": "weighted"}
+    assert config["align_flags"] == flags
     hist = config["history"][0]
     assert hist["train_rec_loss"] > 0 and math.isfinite(hist["train_align_loss"])
     draft = load_checkpoint(out)

@@ -32,6 +32,7 @@ import torch
 
 from genrec.workloads.benchmarks.nezha_arms import ensure_trained
 from genrec.workloads.errors import UserInputError
+from genrec.workloads.training.align import ATSPEED_S_READING
 from genrec.workloads.training.trainer import TrainConfig
 
 # objective name -> (trainer objective, flags)
@@ -109,7 +110,10 @@ def prepare_models(
             ensure_teacher(target_dir, data, Path(models_dir) / name, teacher_k, sampling, seed, device)
         )
     draft_cfg = train_config(objective, draft_size, seed, common, **extra)
-    draft_dir = cached_dir(models_dir, data, f"draft-{draft_size}-{objective}-seed{seed}", asdict(draft_cfg))
+    fields = asdict(draft_cfg)
+    if OBJECTIVES[objective][0] == "atspeed_s":  # a draft of an earlier reading of the loss is not reused
+        fields["atspeed_s_reading"] = ATSPEED_S_READING
+    draft_dir = cached_dir(models_dir, data, f"draft-{draft_size}-{objective}-seed{seed}", fields)
     ensure_trained(data, draft_dir, draft_cfg)
     return target_dir, draft_dir
 

@@ -1,0 +1,241 @@
+"""AtSpeed draft objectives side by side, strict verification, several seeds, one process (no Ray).
+
+    python -m genrec.workloads.benchmarks.atspeed_objectives --data /tmp/as/data \\
+        --models-dir /tmp/as/models --objectives sft seqkd atspeed_s atspeed_s-no_dr atspeed_s-literal \\
+        --seeds 42 43 44 --k 10 5 --draft-beams 40 20 10 --gamma 3 --users 256 --threads 1 --out FILE.json
+
+Per seed: the `target_size` target (next item), its beam teacher file (top `teacher_k` SIDs) and one
+`draft_size` draft per objective, trained or reused under --models-dir exactly as
+`atspeed_arms.prepare_models` names them (objective names as in `atspeed_arms.OBJECTIVES`). Then, per
+draft, K and N, the first --users test users are decoded one at a time with the target's beam search
+at beam K and with `atspeed_strict` (N draft beams, gamma, tree attention), alternating: AS@K
+(accepted levels per SD step), target calls, WS@K and whether every user's top-K equals beam search's.
+The summary gives, per (K, N) and objective, the per-seed AS@K, its median, and one-sided paired tests
+of the first AtSpeed-S objective against each other objective: over seeds (paired t, H1: AtSpeed-S
+accepts more) and over (seed, user) pairs (sign-flip permutation), plus each draft's training seconds
+and validation loss.
+
+`atspeed_s-literal` is an ablation only this driver trains: AtSpeed-S with eq. 4's density term as
+printed (`AlignFlags.dr_mode="literal"`, training/align.py), which the trainer's CLI does not expose.
+Every AtSpeed-S draft's cache key carries the objective's reading (`ATSPEED_S_READING`), so drafts
+trained by the code before the re-check (a different loss under the same TrainConfig) are not reused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from genrec.workloads.benchmarks.atspeed_arms import (
+    NEEDS_TEACHER,
+    OBJECTIVES,
+    cached_dir,
+    ensure_teacher,
+    summarise,
+    time_pair,
+    train_config,
+)
+from genrec.workloads.benchmarks.nezha_arms import ensure_trained
+from genrec.workloads.errors import UserInputError
+from genrec.workloads.metrics import paired_permutation_test, paired_t_test_less
+from genrec.workloads.training.align import ATSPEED_S_READING
+
+MODULE = "genrec.workloads.benchmarks.atspeed_objectives"
+LITERAL = "atspeed_s-literal"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__.split("\n")[0])
+    p.add_argument("--data", required=True, help="dataset folder")
+    p.add_argument("--models-dir", required=True, help="where targets, teacher files and drafts are cached")
+    p.add_argument("--objectives", nargs="+", default=["sft", "seqkd", "atspeed_s", "atspeed_s-no_dr"])
+    p.add_argument("--seeds", type=int, nargs="+", default=[42, 43, 44])
+    p.add_argument("--target-size", default="small")
+    p.add_argument("--draft-size", default="tiny")
+    p.add_argument("--epochs", type=int, default=8)
+    p.add_argument("--k", type=int, nargs="+", default=[10, 5], help="the target's beam K values")
+    p.add_argument("--draft-beams", type=int, nargs="+", default=[40], help="N values (raised to K)")
+    p.add_argument("--gamma", type=int, default=3)
+    p.add_argument("--teacher-k", type=int, default=10)
+    p.add_argument("--alpha", type=float, default=0.5)
+    p.add_argument("--users", type=int, default=256)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--out", default=None, help="JSON file for the per-seed rows and the summary")
+    args = p.parse_args(argv)
+    unknown = [o for o in args.objectives if o not in OBJECTIVES and o != LITERAL]
+    if unknown:
+        p.error(f"unknown objectives {unknown}; choose from {[*OBJECTIVES, LITERAL]}")
+    return args
+
+
+@contextmanager
+def literal_density_term() -> Iterator[None]:
+    """Train AtSpeed-S with eq. 4's density term as printed: the trainer builds its AlignFlags from
+    TrainConfig, which has no field for it, so the objective's flags are swapped after it is built."""
+    from genrec.workloads.training import align
+
+    original = align.prepare_alignment
+
+    def literal(*a, **kw):
+        objective, meta = original(*a, **kw)
+        objective.flags = replace(objective.flags, dr_mode="literal")
+        meta["align_flags"] = asdict(objective.flags)
+        return objective, meta
+
+    align.prepare_alignment = literal  # trainer.train imports it at call time
+    try:
+        yield
+    finally:
+        align.prepare_alignment = original
+
+
+def train_timed(data: str, model_dir: Path, cfg, literal: bool = False) -> dict:
+    """Train (or reuse) one checkpoint; its training seconds and best validation loss from config.json."""
+    if literal:
+        with literal_density_term():
+            ensure_trained(data, model_dir, cfg)
+    else:
+        ensure_trained(data, model_dir, cfg)
+    meta = json.loads((model_dir / "config.json").read_text())
+    return {
+        "dir": str(model_dir),
+        "train_seconds": meta.get("train_seconds"),
+        "val_loss": meta["best_val_loss"],
+    }
+
+
+def prepare_seed(args: argparse.Namespace, seed: int) -> tuple[Path, dict[str, dict]]:
+    """The seed's target and one draft per objective (trained or reused)."""
+    common = {"epochs": args.epochs, "device": args.device, "threads": args.threads}
+    target_cfg = train_config("sft", args.target_size, seed, common)
+    target_dir = cached_dir(
+        args.models_dir, args.data, f"target-{args.target_size}-seed{seed}", asdict(target_cfg)
+    )
+    drafts = {"target": train_timed(args.data, target_dir, target_cfg)}
+    for objective in args.objectives:
+        name = "atspeed_s" if objective == LITERAL else objective
+        extra: dict = {}
+        if name != "sft":
+            extra = {"target": str(target_dir), "alpha": args.alpha}
+        if OBJECTIVES[name][0] in NEEDS_TEACHER:
+            sampling = OBJECTIVES[name][0] == "atspeed_r"
+            kind = "sample" if sampling else "beam"
+            out = Path(args.models_dir) / f"teacher-{kind}-k{args.teacher_k}-{target_dir.name}.parquet"
+            extra["teacher"] = str(
+                ensure_teacher(target_dir, args.data, out, args.teacher_k, sampling, seed, args.device)
+            )
+        cfg = train_config(name, args.draft_size, seed, common, **extra)
+        fields = asdict(cfg)
+        if OBJECTIVES[name][0] == "atspeed_s":
+            fields["atspeed_s_reading"] = ATSPEED_S_READING
+        draft_dir = cached_dir(
+            args.models_dir, args.data, f"draft-{args.draft_size}-{objective}-seed{seed}", fields
+        )
+        drafts[objective] = train_timed(args.data, draft_dir, cfg, literal=objective == LITERAL)
+    return target_dir, drafts
+
+
+def measure(args: argparse.Namespace, target_dir: Path, draft_dir: str, seed: int, k: int, n: int) -> dict:
+    """Strict AtSpeed (n draft beams) against the target's beam search at beam k on the first --users
+    test users."""
+    from genrec.workloads.decoding.base import get_decoder, make_params
+    from genrec.workloads.evaluation import load_context
+
+    ctx, ds, _ = load_context(target_dir, args.data, args.device, draft_dir=draft_dir)
+    examples = ds.eval_examples("test")[: args.users]
+    if not examples:
+        raise UserInputError("the dataset has no test users")
+    batches = [[ex.history] for ex in examples]
+    targets = [[ex.targets] for ex in examples]
+    beam, strict = get_decoder("beam"), get_decoder("atspeed_strict")
+    ref = (beam, make_params(beam, {"beam_width": k, "k": k}))
+    params = {"beam_width": k, "k": k, "draft_beams": max(n, k), "gamma": args.gamma}
+    arm = (strict, make_params(strict, {**params, "tree_attention": True, "seed": seed}))
+    ref_runs, arm_runs = time_pair(ctx, batches, ref, arm, repeats=1)
+    row = summarise(ref_runs, arm_runs, targets, k, relaxed=False)
+    row["per_user_accepted_steps"] = [float(res.counters["accepted_steps"]) for _, res in arm_runs]
+    return row
+
+
+def compare(rows: list[dict], objectives: list[str], settings: list[tuple[int, int]]) -> dict:
+    """Per (K, N) and objective: per-seed AS@K and median; the first AtSpeed-S objective against the
+    others."""
+    by = {(r["objective"], (r["k"], r["draft_beams"]), r["seed"]): r for r in rows}
+    seeds = sorted({r["seed"] for r in rows})
+    main = next((o for o in objectives if o.startswith("atspeed_s")), None)
+    out: dict = {}
+    for k in settings:
+        per_k: dict = {}
+        for o in objectives:
+            values = [by[(o, k, s)]["accepted_steps"] for s in seeds]
+            per_k[o] = {"per_seed": values, "median": float(np.median(values))}
+            per_k[o]["identical_share_min"] = min(by[(o, k, s)]["identical_share"] for s in seeds)
+        if main is not None:
+            for o in objectives:
+                if o == main:
+                    continue
+                a = [by[(main, k, s)]["accepted_steps"] for s in seeds]
+                b = [by[(o, k, s)]["accepted_steps"] for s in seeds]
+                tests: dict = {}
+                if len(seeds) >= 2:  # H1: main accepts more, i.e. mean(b - a) < 0
+                    tests["seeds_paired_t"] = paired_t_test_less(b, a)
+                ua = np.concatenate([by[(main, k, s)]["per_user_accepted_steps"] for s in seeds])
+                ub = np.concatenate([by[(o, k, s)]["per_user_accepted_steps"] for s in seeds])
+                tests["users_sign_flip"] = paired_permutation_test(ua, ub)
+                per_k[o][f"{main}_vs"] = tests
+        out[f"k{k[0]}_n{k[1]}"] = per_k
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    rows, training = [], {}
+    settings = sorted({(k, max(n, k)) for k in args.k for n in args.draft_beams}, reverse=True)
+    for seed in args.seeds:
+        t0 = time.perf_counter()
+        target_dir, drafts = prepare_seed(args, seed)
+        training[seed] = drafts
+        print(f"seed {seed}: models ready in {time.perf_counter() - t0:.0f} s", flush=True)
+        for objective in args.objectives:
+            for k, n in settings:
+                row = measure(args, target_dir, drafts[objective]["dir"], seed, k, n)
+                rows.append({"objective": objective, "seed": seed, "k": k, "draft_beams": n, **row})
+                info = drafts[objective]
+                print(
+                    f"  {objective:18s} K={k:<3d} N={n:<3d} AS {row['accepted_steps']:.3f}  target calls "
+                    f"{row['target_calls']:.2f}  WS {row['ws']:.2f}x  identical {row['identical_share']:.0%}"
+                    f"  (trained {info['train_seconds']:.0f} s, val loss {info['val_loss']:.4f})",
+                    flush=True,
+                )
+    result = {
+        "args": vars(args),
+        "training": training,
+        "rows": rows,
+        "summary": compare(rows, args.objectives, settings),
+    }
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=1, default=str))
+    for key, per_k in result["summary"].items():
+        print(key)
+        for o, row in per_k.items():
+            tests = next((v for name, v in row.items() if name.endswith("_vs")), {})
+            p = {name: round(t["p_value"], 4) for name, t in tests.items()}
+            seeds = [round(v, 3) for v in row["per_seed"]]
+            print(f"  {o:18s} per seed {seeds}  median {row['median']:.3f}  p {p}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
