@@ -235,3 +235,28 @@ def test_decoder_actor_answers_like_the_host(ray_session, tiny_model_dir, synth_
         assert ray.get(actor.describe.remote())["num_items"] == host.num_items
     finally:
         ray.kill(actor)
+
+
+def test_slo_batching_policy_is_a_live_switch(app):
+    """`batching.policy: slo` (xSchedule) in place of @serve.batch: answers as before, a request no
+    batch can hold is a 422, one that cannot meet the SLO a 503 + Retry-After; then back to fixed."""
+    url, cfg = app
+    long_history = list(range(1, 60))  # truncated to the model's window: still 8 beams x 21+ x 3 tokens
+    try:
+        reconfigure(cfg, policy="slo", token_budget=400, slo_ms=5000.0, wait_quota_ms=5.0)
+        assert get(f"{url}/health")["batching"]["policy"] == "slo"
+        status, body, _ = post(url, {"history": [1, 2, 3], "k": 5})
+        assert status == 200 and body["items"] and body["batch_size"] >= 1
+        health = get(f"{url}/health")
+        assert health["batching"]["batches"] >= 1 and health["batching"]["service_overhead_ms"] > 0
+        status, body, _ = post(url, {"history": long_history, "k": 5})
+        assert status == 422 and "batching.token_budget=400" in body["detail"]
+        reconfigure(cfg, policy="slo", token_budget=400, slo_ms=1.0, wait_quota_ms=0.5)
+        status, body, headers = post(url, {"history": [1, 2, 3], "k": 5})
+        assert status == 503 and "SLO" in body["detail"]
+        assert int({k.lower(): v for k, v in headers.items()}["retry-after"]) >= 1
+        assert get(f"{url}/health")["slo_rejected"] >= 1
+    finally:
+        reconfigure(cfg)
+    assert get(f"{url}/health")["batching"]["policy"] == "fixed"
+    assert post(url, {"history": [1, 2, 3], "k": 5})[0] == 200

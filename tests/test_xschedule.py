@@ -1,11 +1,23 @@
-"""xSchedule's SLO batching policy with a fake clock: never over the token budget, never holding a
-request past its wait quota, admission by the SLO."""
+"""xSchedule's batching policies with a fake clock: never over the token budget, never holding a
+request past its wait quota, admission by the SLO (no admitted request misses it when the service
+model is exact), the service model itself, and the fixed-size batcher it is compared with."""
+
+import math
+from collections import deque
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from genrec.platform.serve.xschedule import ScheduleConfig, SLOBatchPolicy
+from genrec.workloads.serving.xschedule import (
+    FixedBatchPolicy,
+    FixedConfig,
+    ScheduleConfig,
+    ServiceModel,
+    SLOBatchPolicy,
+    budget_for,
+    request_tokens,
+)
 
 
 class FakeClock:
@@ -16,7 +28,7 @@ class FakeClock:
         return self.now
 
 
-def drain(policy: SLOBatchPolicy) -> list[list]:
+def drain(policy) -> list[list]:
     out = []
     while batch := policy.next_batch():
         out.append(batch)
@@ -44,7 +56,7 @@ def test_never_over_budget_and_never_past_the_quota(events, budget, slo, share):
             clock.now += due
             dispatched += [(clock.now, b) for b in drain(policy)]
         clock.now = target
-        policy.admit(object(), prompt, beams)
+        policy.admit(object(), prompt * beams)
         dispatched += [(clock.now, b) for b in drain(policy)]
         # invariant: after the loop ran, nobody still queued has waited past its quota
         assert all(clock.now - r.arrival_s < cfg.wait_quota_s + 1e-12 for r in policy.queue)
@@ -55,15 +67,109 @@ def test_never_over_budget_and_never_past_the_quota(events, budget, slo, share):
     assert order == sorted(order)  # oldest first
 
 
+def simulate(policy, clock: FakeClock, events, service) -> tuple[dict, list]:
+    """One worker driven like the Serve scheduler and the harness: arrivals are admitted when they
+    come; a free worker runs `next_batch()` (taking `service(tokens)` seconds) or sleeps until the
+    next arrival or due time. Returns ({key: (arrival, answered_at)}, rejected keys)."""
+    pending = deque(events)  # (arrival time, tokens), ascending
+    done, rejected, arrived = {}, [], {}
+    running, free_at, key = [], 0.0, 0
+    while True:
+        if running and clock.now >= free_at:
+            policy.record(running, service(sum(r.tokens for r in running)))
+            done.update({r.key: (arrived[r.key], free_at) for r in running})
+            running = []
+        if not running and (batch := policy.next_batch()):
+            running, free_at = batch, clock.now + service(sum(r.tokens for r in batch))
+            continue
+        due = policy.due_in() if not running else None
+        wake = min(
+            pending[0][0] if pending else math.inf,
+            free_at if running else math.inf,
+            clock.now + due if due is not None else math.inf,
+        )
+        if wake == math.inf:
+            return done, rejected
+        clock.now = max(clock.now, wake)
+        while pending and pending[0][0] <= clock.now:
+            t, tokens = pending.popleft()
+            key += 1
+            arrived[key] = t
+            if not policy.admit(key, tokens, arrival_s=t).admitted:
+                rejected.append(key)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    gaps=st.lists(st.floats(0, 0.02), min_size=1, max_size=80),
+    tokens=st.lists(st.integers(1, 400), min_size=80, max_size=80),
+    budget=st.integers(400, 4000),
+    slo=st.floats(0.05, 0.5),
+    share=st.floats(0.05, 0.6),
+    overhead=st.floats(0, 0.01),
+    per_token=st.floats(1e-6, 2e-5),
+)
+def test_no_admitted_request_misses_the_slo_with_an_exact_service_model(
+    gaps, tokens, budget, slo, share, overhead, per_token
+):
+    clock = FakeClock()
+    cfg = ScheduleConfig(
+        budget, slo, share, initial_s_per_token=per_token, initial_overhead_s=overhead, smoothing=0.5
+    )
+    policy = SLOBatchPolicy(cfg, clock)
+    times = [sum(gaps[: i + 1]) for i in range(len(gaps))]
+    done, rejected = simulate(policy, clock, list(zip(times, tokens)), lambda n: overhead + per_token * n)
+    assert len(done) + len(rejected) == len(gaps)  # every request answered or rejected, none lost
+    late = {k: end - start for k, (start, end) in done.items() if end - start > slo * (1 + 1e-6) + 1e-9}
+    assert not late, f"admitted requests past the {slo} s SLO: {late}"
+
+
+def test_overload_is_rejected_and_what_is_admitted_meets_the_slo():
+    clock = FakeClock()
+    cfg = ScheduleConfig(1000, 0.2, 0.3, initial_s_per_token=1e-4, initial_overhead_s=0.01)
+    policy = SLOBatchPolicy(cfg, clock)
+    # 500 tokens every 10 ms: 50k tokens/s offered, the worker does ~9k tokens/s
+    events = [(0.01 * i, 500) for i in range(200)]
+    done, rejected = simulate(policy, clock, events, lambda n: 0.01 + 1e-4 * n)
+    assert len(rejected) > 100 and len(done) > 20
+    assert max(end - start for start, end in done.values()) <= 0.2 + 1e-9
+
+
+def test_a_batch_that_grows_after_admission_still_meets_the_slo():
+    # r1 arrives alone and waits for its quota; r2 (900 tokens) arrives just before r1's batch starts.
+    # A 100 ms SLO with a 50 ms quota leaves 25 ms per batch: 416 tokens at 60 us each, so the policy
+    # runs r2 in a batch of its own instead of growing r1's to 55 ms (which would answer r1 at 105 ms)
+    clock = FakeClock()
+    policy = SLOBatchPolicy(ScheduleConfig(1000, 0.1, 0.5, initial_s_per_token=6e-5), clock)
+    assert policy.budget() == 416
+    done, rejected = simulate(policy, clock, [(0.0, 10), (0.049, 900)], lambda n: 6e-5 * n)
+    assert rejected == [] and all(end - start <= 0.1 + 1e-9 for start, end in done.values()), done
+    assert done[1][1] == pytest.approx(0.049 + 6e-4)  # r1 ran at once, alone, when r2 arrived
+
+
+def test_a_slower_service_shrinks_the_budget_instead_of_turning_everyone_away():
+    clock = FakeClock()
+    cfg = ScheduleConfig(100_000, 0.2, 0.3, initial_s_per_token=1e-6)
+    policy = SLOBatchPolicy(cfg, clock)
+    assert policy.budget() == 70_000  # (200 - 60) / 2 ms at 1 us per token
+    policy.service.s_per_token = 1e-5  # the machine got ten times slower
+    assert policy.budget() == 7000
+    admitted = policy.admit("a", 5000)
+    assert admitted.admitted and admitted.predicted_s == pytest.approx(0.06 + 0.07)
+    assert policy.admit("b", 9000).admitted  # above the cap, within the configured budget: runs alone
+    assert [len(policy.next_batch())] == [1]  # a's batch is due (b does not fit with it)
+
+
 def test_a_full_budget_dispatches_at_once_and_a_partial_one_waits_for_the_quota():
     clock = FakeClock()
     policy = SLOBatchPolicy(ScheduleConfig(token_budget=100, slo_s=1.0, wait_share=0.2), clock)
-    policy.admit("a", 10, 4)  # 40 tokens
+    policy.admit("a", 40)
     assert policy.next_batch() == [] and policy.due_in() == pytest.approx(0.2)
     clock.now = 0.1
-    policy.admit("b", 15, 4)  # 100 tokens queued: full
+    policy.admit("b", 60)  # 100 tokens queued: full
     assert [r.key for r in policy.next_batch()] == ["a", "b"]
-    policy.admit("c", 5, 4)
+    policy.record([], 0.0)
+    policy.admit("c", 20)
     clock.now = 0.29
     assert policy.next_batch() == []
     clock.now = 0.31  # c arrived at 0.1: its 0.2 s quota is over
@@ -74,23 +180,74 @@ def test_a_full_budget_dispatches_at_once_and_a_partial_one_waits_for_the_quota(
 def test_admission_rejects_what_cannot_meet_the_slo():
     clock = FakeClock()
     policy = SLOBatchPolicy(ScheduleConfig(token_budget=100, slo_s=0.1, initial_s_per_token=1e-4), clock)
-    too_big = policy.admit("x", 30, 4)
+    too_big = policy.admit("x", 120)
     assert not too_big.admitted and "exceed the batch budget of 100" in too_big.reason
     # one full batch takes 100 tokens x 1e-4 s = 10 ms: ten budgets of queued work miss the 100 ms SLO
-    admitted = [policy.admit(i, 25, 4).admitted for i in range(12)]
+    admitted = [policy.admit(i, 100).admitted for i in range(12)]
     assert admitted[:9] == [True] * 9 and not any(admitted[10:])
-    late = policy.admit("y", 1, 1)
+    late = policy.admit("y", 1)
     assert not late.admitted and late.retry_after_s > 0 and "SLO" in late.reason
+
+
+def test_admission_counts_the_running_batch_and_the_time_already_waited():
+    clock = FakeClock()
+    cfg = ScheduleConfig(token_budget=100, slo_s=0.1, wait_share=0.2, initial_s_per_token=4e-4)
+    policy = SLOBatchPolicy(cfg, clock)
+    assert policy.admit("a", 100).predicted_s == pytest.approx(0.04)  # full at once: 40 ms of service
+    assert len(policy.next_batch()) == 1  # running until 0.04
+    # 40 tokens: waits for the running batch (40 ms), then up to a full budget's 40 ms
+    assert policy.admit("b", 40).predicted_s == pytest.approx(0.08)
+    clock.now = 0.03
+    # a request that arrived 60 ms ago (the harness admits between decodes) has 40 ms fewer to spare
+    late = policy.admit("c", 40, arrival_s=-0.03)
+    assert not late.admitted and "predicted latency 110 ms" in late.reason
+    assert policy.admit("d", 40).predicted_s == pytest.approx(0.05)  # joins b: 10 ms + 40 ms
+
+
+def test_the_service_model_learns_overhead_and_per_token_cost():
+    model = ServiceModel(s_per_token=2e-6, overhead_s=0.0, smoothing=0.3)
+    # single-request batches of a quiet period: the overhead moves, the per-token cost stays (scaling
+    # 10 ms per 200 tokens up would predict 1 s for a 20k-token batch)
+    for _ in range(5):
+        model.update(200, 0.0104)
+    assert model.s_per_token == 2e-6 and model.overhead_s == pytest.approx(0.01)
+    model.update(100, 1e-5)  # faster than the per-token cost alone allows: no overhead, its rate
+    assert model.overhead_s >= 0 and model.seconds(100) > 0
+    for _ in range(30):  # sizes that spread: both are fitted
+        for tokens in (200, 5000, 800, 3000):
+            model.update(tokens, 0.01 + 2e-5 * tokens)
+    assert model.overhead_s == pytest.approx(0.01, rel=1e-3)
+    assert model.s_per_token == pytest.approx(2e-5, rel=1e-3)
+    assert budget_for(model, 0.05) == pytest.approx(2000, abs=2)
 
 
 def test_the_service_estimate_learns_from_finished_batches():
     clock = FakeClock()
     policy = SLOBatchPolicy(ScheduleConfig(token_budget=100, slo_s=1.0, smoothing=0.5), clock)
-    policy.admit("a", 25, 4)
-    clock.now = 1.0
+    policy.admit("a", 100)
     batch = policy.next_batch()
     policy.record(batch, 0.01)  # 100 tokens in 10 ms
-    assert policy.s_per_token == pytest.approx(0.5 * 1e-6 + 0.5 * 1e-4)
+    assert policy.service_s(100) == pytest.approx(0.01) and policy.s_per_token == 1e-6
+    assert policy.busy_until_s is None
+
+
+def test_fixed_policy_batches_by_count_and_bounds_its_queue():
+    clock = FakeClock()
+    policy = FixedBatchPolicy(FixedConfig(max_batch_size=2, batch_wait_s=0.005, max_queued=1), clock)
+    assert policy.admit("a", 10_000).admitted  # tokens do not matter to it
+    assert policy.next_batch() == [] and policy.due_in() == pytest.approx(0.005)
+    assert policy.admit("b", 1).admitted
+    assert [r.key for r in policy.next_batch()] == ["a", "b"]  # two waiting: a full batch
+    assert policy.admit("c", 1).admitted
+    overloaded = policy.admit("d", 1)  # 2 decoding + 1 waiting = the bound of 3
+    assert not overloaded.admitted and overloaded.retry_after_s > 0
+    policy.record([], 0.01)
+    clock.now = 0.006
+    assert [r.key for r in policy.next_batch()] == ["c"]  # c's wait is over
+
+
+def test_request_tokens_counts_beams_times_the_prompt():
+    assert request_tokens(beams=32, history_items=9, levels=3) == 32 * 10 * 3
 
 
 @pytest.mark.parametrize(
@@ -99,8 +256,11 @@ def test_the_service_estimate_learns_from_finished_batches():
         ({"token_budget": 0, "slo_s": 1}, "token_budget"),
         ({"token_budget": 1, "slo_s": 0}, "slo_s"),
         ({"token_budget": 1, "slo_s": 1, "wait_share": 1.5}, "wait_share"),
+        ({"token_budget": 1, "slo_s": 1, "smoothing": 0}, "smoothing"),
     ],
 )
 def test_bad_configs_are_refused(kwargs, match):
     with pytest.raises(ValueError, match=match):
         ScheduleConfig(**kwargs)
+    with pytest.raises(ValueError, match="max_batch_size"):
+        FixedConfig(max_batch_size=0)

@@ -14,9 +14,14 @@ replica is full). An admitted request must send its whole body within `body_time
 most MAX_BODY_BYTES (413). The body is then checked (`parse_recommend`: the decoder's parameters go
 through genrec.platform.params, as in YAML experiments and `genrec eval --param`, and the
 deployment's resource `limits` bound the request's beam width, history and tokens: 422 naming the
-limit), then queued with its frozen Params for `@serve.batch`: a batch is split into groups with the
-same decoder and Params (equal Params hash equal), each group into decoder calls of at most
-`limits.max_batch_tokens`.
+limit), then queued with its frozen Params for the batching policy (`batching.policy`):
+- `fixed`: Serve's `@serve.batch`, up to `max_batch_size` requests per batch;
+- `slo`: xSchedule (platform/serve/scheduler.py driving genrec.workloads.serving.xschedule): batches of
+  at most `token_budget` tokens (prompt tokens x beams), dispatched when the budget fills or the oldest
+  request has waited its quota; a request predicted to miss `slo_ms` gets 503 + Retry-After at once,
+  one that alone exceeds the budget a 422.
+Either way a batch is split into groups with the same decoder and Params (equal Params hash equal),
+each group into decoder calls of at most `limits.max_batch_tokens`.
 
 Decoder calls run in the replica's one decoder thread (`decode_in_thread`, the default), so the event
 loop keeps answering /health, turning requests away and timing them out while a batch decodes. A
@@ -69,7 +74,9 @@ from genrec.platform.serve.requests import (
     parse_recommend,
     request_tokens,
 )
+from genrec.platform.serve.scheduler import PolicyScheduler
 from genrec.workloads.errors import UserInputError
+from genrec.workloads.serving.xschedule import SLOBatchPolicy
 
 api = FastAPI(title="genrec-lab recommender", version="1")
 CLIENT_CLOSED = 499  # nginx's "client closed request": logged as a client event, not a server error
@@ -155,6 +162,15 @@ def check_constraint_sets(
     return ok, unavailable
 
 
+def overloaded(status: int, message: str, retry_after_s: float) -> JSONResponse:
+    """503 (or 429) with Retry-After in whole seconds, at least 1 (HTTP's unit)."""
+    return JSONResponse(
+        {"detail": message},
+        status_code=status,
+        headers={"Retry-After": str(max(1, math.ceil(retry_after_s)))},
+    )
+
+
 def response_body(job: RecommendJob, row, out, queue_ms: float, batch: int) -> dict[str, Any]:
     items = [
         {"item_id": int(i), "sid": [int(c) for c in sid], "score": float(s)}
@@ -211,9 +227,15 @@ class Recommender:
         )
         self.batching = self.cfg.batching
         self.request_timeout_s = self.cfg.request_timeout_s
+        # the `slo` policy's batcher (used while batching.policy is slo; kept so a live switch back
+        # and forth keeps what it learned about service times)
+        self.scheduler = PolicyScheduler(
+            SLOBatchPolicy(self.batching.schedule_config()), self._run_scheduled_batch
+        )
         self._apply_batching(self.batching)
         self.answered = 0
         self.rejected = 0  # turned away by admission (503/429)
+        self.slo_rejected = 0  # of those, by the slo policy's admission control
         self.timed_out = 0  # answered 504: no answer within request_timeout_s
         self.expired = 0  # of those, dropped before decoding (their deadline passed in the queue)
         self.body_timeouts = 0  # answered 408: the body did not arrive within body_timeout_s
@@ -243,6 +265,7 @@ class Recommender:
     def _apply_batching(self, b: BatchingConfig) -> None:
         self._decode_batch.set_max_batch_size(b.max_batch_size)
         self._decode_batch.set_batch_wait_timeout_s(b.batch_wait_timeout_s)
+        self.scheduler.policy.reconfigure(b.schedule_config())
 
     # ---- endpoints -------------------------------------------------------------------------------
     @api.get("/health")
@@ -261,11 +284,13 @@ class Recommender:
             "history_policy": self.cfg.history_policy,
             "max_batch_size": self.batching.max_batch_size,
             "batch_wait_timeout_s": self.batching.batch_wait_timeout_s,
+            "batching": {**self.batching.model_dump(), **self._slo_state()},
             "max_queued_requests": self.cfg.max_queued_requests,
             "replicas": self.cfg.num_replicas if not self.cfg.autoscaling else "autoscaling",
             "request_timeout_s": self.request_timeout_s,
             "answered": self.answered,
             "rejected": self.rejected,
+            "slo_rejected": self.slo_rejected,
             "timed_out": self.timed_out,
             "expired": self.expired,
             "body_timeouts": self.body_timeouts,
@@ -317,13 +342,10 @@ class Recommender:
         bound = self.cfg.max_queued_requests + self.batching.max_batch_size
         if self.inflight >= bound:  # the replica's bounded queue: turn away now, before the body is read
             self.rejected += 1
-            return JSONResponse(
-                {
-                    "detail": f"overloaded: {self.inflight} requests queued or decoding (bound {bound}); "
-                    "retry later"
-                },
-                status_code=self.cfg.overload_status,
-                headers={"Retry-After": str(max(1, math.ceil(self.cfg.retry_after_s)))},
+            return overloaded(
+                self.cfg.overload_status,
+                f"overloaded: {self.inflight} requests queued or decoding (bound {bound}); retry later",
+                self.cfg.retry_after_s,
             )
         self.inflight += 1
         try:
@@ -341,10 +363,14 @@ class Recommender:
         except ClientDisconnect:  # the client hung up before sending its body: nobody reads an answer
             return _error(CLIENT_CLOSED, "client closed the connection")
         deadline = arrived + self.request_timeout_s
+        if self.batching.policy == "slo":
+            pending = self._submit_slo(job, arrived, deadline)
+            if isinstance(pending, JSONResponse):
+                return pending
+        else:
+            pending = self._decode_batch((job, arrived, deadline))
         try:
-            out = await asyncio.wait_for(
-                self._decode_batch((job, arrived, deadline)), max(0.0, deadline - time.perf_counter())
-            )
+            out = await asyncio.wait_for(pending, max(0.0, deadline - time.perf_counter()))
         except TimeoutError:
             out = EXPIRED
         if out == EXPIRED:
@@ -377,11 +403,45 @@ class Recommender:
     # ---- batching --------------------------------------------------------------------------------
     @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.005)  # replaced by user_config at start
     async def _decode_batch(self, requests: list[tuple[RecommendJob, float, float]]) -> list[Any]:
+        return await self._run_scheduled_batch(requests)
+
+    async def _run_scheduled_batch(self, requests: list[tuple[RecommendJob, float, float]]) -> list[Any]:
+        """One batch of either policy, in the decoder thread (or on the loop: decode_in_thread false)."""
         started = time.perf_counter()
         if self.cfg.decode_in_thread:
             loop = asyncio.get_running_loop()
             return await loop.run_in_executor(self.decoder_thread, self._decode_groups, requests, started)
         return self._decode_groups(requests, started)
+
+    def _submit_slo(self, job: RecommendJob, arrived: float, deadline: float) -> Any:
+        """The `slo` policy's admission: a future of the answer, or the rejection to send (422 for a
+        request no batch can hold, else 503/429 + Retry-After: it would miss the SLO if queued)."""
+        b = self.batching
+        if job.tokens > b.token_budget:
+            return _error(
+                422,
+                f"this request needs {job.tokens} tokens (beams x prompt tokens), above this deployment's "
+                f"batching.token_budget={b.token_budget}; send a narrower beam or a shorter history",
+            )
+        admission, pending = self.scheduler.submit((job, arrived, deadline), job.tokens)
+        if pending is not None:
+            return pending
+        self.rejected += 1
+        self.slo_rejected += 1
+        detail = f"overloaded: cannot answer within the {b.slo_ms:g} ms SLO ({admission.reason}); retry later"
+        return overloaded(self.cfg.overload_status, detail, admission.retry_after_s)
+
+    def _slo_state(self) -> dict[str, Any]:
+        """What the slo policy has queued and learned (GET /health, under `batching`)."""
+        policy = self.scheduler.policy
+        return {
+            "queued": len(policy.queue),
+            "queued_tokens": policy.queued_tokens,
+            "token_budget_in_force": policy.budget(),  # capped by the SLO at the learned service time
+            "batches": self.scheduler.batches,
+            "service_overhead_ms": policy.service.overhead_s * 1e3,
+            "service_us_per_token": policy.service.s_per_token * 1e6,
+        }
 
     def _decode_groups(self, requests: list[tuple[RecommendJob, float, float]], started: float) -> list[Any]:
         answers: list[Any] = [EXPIRED] * len(requests)

@@ -12,9 +12,9 @@ drives both `genrec serve --config serve.yaml` and `serve deploy serve.yaml` on 
 `draft: DIR` (AtSpeed) loads a draft model beside the model in every replica; decoders that need one
 (atspeed_*) are refused in `decoders` without it.
 
-`args` is a `ServeConfig`. Batching settings (`max_batch_size`, `batch_wait_timeout_s`) are the
-deployment's `user_config`, so `serve deploy` of a changed file applies them live, without
-restarting replicas.
+`args` is a `ServeConfig`. Batching settings (`batching`: the policy, `fixed` or `slo`, and its
+settings) are the deployment's `user_config`, so `serve deploy` of a changed file applies them live,
+without restarting replicas.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from genrec.workloads.decoding.draft import (
 )
 from genrec.workloads.decoding.params import CONSTRAINT_RULES, SIZED_RULES, BeamParams
 from genrec.workloads.errors import UserInputError
+from genrec.workloads.serving.xschedule import ScheduleConfig
 
 DEFAULT_HOST = "127.0.0.1"  # local only unless the config says otherwise
 DEFAULT_PORT = 8000
@@ -99,10 +100,32 @@ class ConstraintSetSpec(_Strict):
 
 
 class BatchingConfig(_Strict):
-    """The deployment's user_config: changeable live."""
+    """The deployment's user_config: changeable live. `policy` picks the batcher:
+    - fixed: Serve's `@serve.batch`, up to `max_batch_size` requests, waiting at most
+      `batch_wait_timeout_s` for a batch to fill;
+    - slo: xSchedule (genrec.workloads.serving.xschedule): batches of at most `token_budget` tokens
+      (prompt tokens x beams), dispatched when the budget fills or the oldest request has waited
+      `wait_quota_ms`; a request predicted to miss `slo_ms` is answered 503 + Retry-After at once.
+    """
 
-    max_batch_size: int = Field(16, ge=1, le=4096)  # 1 = batching off
-    batch_wait_timeout_s: float = Field(0.005, ge=0, le=10)
+    policy: Literal["fixed", "slo"] = "fixed"
+    max_batch_size: int = Field(16, ge=1, le=4096)  # fixed: 1 = batching off; both: the admission bound
+    batch_wait_timeout_s: float = Field(0.005, ge=0, le=10)  # fixed
+    token_budget: int = Field(65536, ge=1)  # slo: tokens per batch
+    slo_ms: float = Field(200.0, gt=0)  # slo: the latency objective admission control keeps
+    wait_quota_ms: float = Field(60.0, gt=0)  # slo: the longest a request waits for its batch to fill
+
+    @model_validator(mode="after")
+    def _quota_within_slo(self) -> BatchingConfig:
+        if self.wait_quota_ms >= self.slo_ms:
+            raise ValueError(
+                f"wait_quota_ms ({self.wait_quota_ms:g}) must be below slo_ms ({self.slo_ms:g}): a request "
+                "also needs time to decode"
+            )
+        return self
+
+    def schedule_config(self) -> ScheduleConfig:
+        return ScheduleConfig(self.token_budget, self.slo_ms / 1e3, self.wait_quota_ms / self.slo_ms)
 
 
 class ResourceLimits(_Strict):

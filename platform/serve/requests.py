@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from genrec.platform.serve.config import ConstraintFields
 from genrec.workloads.errors import UserInputError
+from genrec.workloads.serving.xschedule import request_tokens as beams_x_prompt
 
 MAX_BODY_BYTES = 1 << 20  # a history of item ids never needs more
 MAX_INT_DIGITS = 20  # every id and parameter fits an int64; longer digit strings are refused unparsed
@@ -108,7 +109,7 @@ def request_tokens(params: Any, history_items: int, levels: int) -> int:
     """The positions a request's beams attend over: widest beam x (history + answer) tokens. A decoder
     call's memory and time grow with the sum over its requests, which `max_batch_tokens` bounds."""
     width = max([int(getattr(params, name, 1)) for name in WIDTH_PARAMETERS] + [1])
-    return width * (history_items + 1) * levels
+    return beams_x_prompt(width, history_items, levels)  # the count the `slo` batching budgets in
 
 
 RECOMMEND_EXAMPLE = '{"history": [1, 2, 3], "k": 10}'

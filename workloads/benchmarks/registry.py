@@ -18,6 +18,9 @@ from genrec.workloads.benchmarks.mari_matmul import fragmented_point, matmul_poi
 from genrec.workloads.benchmarks.mari_model import model_point
 from genrec.workloads.benchmarks.nezha_arms import ARMS, arm_point
 from genrec.workloads.benchmarks.static_point import KERNELS, SCALING_BACKENDS, branch_point, scaling_point
+from genrec.workloads.benchmarks.xgr_serving import METRICS as SERVING_METRICS
+from genrec.workloads.benchmarks.xgr_serving import check as serving_check
+from genrec.workloads.benchmarks.xgr_serving import serving_point
 from genrec.workloads.errors import UserInputError
 from genrec.workloads.training.trainer import TrainConfig
 
@@ -227,6 +230,15 @@ BENCHMARKS: dict[str, Benchmark] = {
             ("kernel_ms", "mask_kernel_ms", "kernel_ms_p99", "kernel_us_per_beam", "max_branch_factor"),
             "the VNTK mask step alone at one maximum branch factor (last-level nodes with B children each)",
             _static_check("max_branch", ("kernel", "torch", KERNELS)),
+        ),
+        Benchmark(
+            "xgr_serving",
+            serving_point,
+            SERVING_METRICS,
+            "highest open-loop rate meeting a P99 SLO for one decoder x batching policy (in-process harness)",
+            serving_check,
+            path_params=("model", "data"),
+            dataset_params=("data",),
         ),
     )
 }

@@ -185,4 +185,13 @@ def decoder_parameters(name: str) -> dict[str, Any]:
 
 def _import_builtin_decoders() -> None:
     # importing the modules runs their @register_decoder; done lazily so base stays import-light
-    from genrec.workloads.decoding import atspeed, beam, mtp, nezha, popular, static, xgr  # noqa: F401
+    from genrec.workloads.decoding import (  # noqa: F401
+        atspeed,
+        beam,
+        hf_beam,
+        mtp,
+        nezha,
+        popular,
+        static,
+        xgr,
+    )
