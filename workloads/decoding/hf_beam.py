@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 
 from genrec.workloads.decoding.base import DecoderContext, DecodeResult, PhaseTimer, register_decoder
-from genrec.workloads.decoding.params import DecoderParams
+from genrec.workloads.decoding.params import BeamWidthParams
 from genrec.workloads.errors import UserInputError
 from genrec.workloads.models.hf_bridge import REAL_SCORE, hf_beam_search, to_hf_llama
 from genrec.workloads.models.transformer import GRTransformer
@@ -37,19 +37,11 @@ HF_ATTENTION = ("sdpa", "eager")
 
 
 @dataclass(frozen=True)
-class HFBeamParams(DecoderParams):
-    beam_width: int = 10
+class HFBeamParams(BeamWidthParams):
     attn_implementation: str = "sdpa"  # HF's attention: sdpa (its default, faster on CPU) or eager
 
     def validate(self) -> None:
         super().validate()
-        if self.beam_width < 1:
-            raise UserInputError(f"`beam_width` must be >= 1, got {self.beam_width}")
-        if self.k > self.beam_width:
-            raise UserInputError(
-                f"`k` ({self.k}) is larger than the beam width ({self.beam_width}); "
-                f"ask for beam_width >= {self.k}"
-            )
         if self.attn_implementation not in HF_ATTENTION:
             raise UserInputError(
                 f"`attn_implementation` must be one of {list(HF_ATTENTION)}, got {self.attn_implementation!r}"

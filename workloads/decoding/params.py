@@ -40,15 +40,10 @@ class DecoderParams:
 
 
 @dataclass(frozen=True)
-class BeamParams(DecoderParams):
-    """Parameters of every beam-based decoder (beam, static, nezha, mtp, ...)."""
+class BeamWidthParams(DecoderParams):
+    """A beam width, and the one rule that ties k to it (every beam-shaped decoder, peers included)."""
 
     beam_width: int = 10
-    constraint: str = "none"  # a rule in CONSTRAINT_RULES or a set registered on the context
-    constraint_size: int = 0  # n for "random" / "uniform"
-    constraint_seed: int = 0
-    constraint_path: str = ""  # for "file"
-    attention: str = "torch"  # the cached steps' attention backend (kernels.shared_prefix_attention)
 
     def validate(self) -> None:
         super().validate()
@@ -59,6 +54,20 @@ class BeamParams(DecoderParams):
                 f"`k` ({self.k}) is larger than the beam width ({self.beam_width}); "
                 f"ask for beam_width >= {self.k}"
             )
+
+
+@dataclass(frozen=True)
+class BeamParams(BeamWidthParams):
+    """Parameters of every beam-based decoder (beam, static, nezha, mtp, ...)."""
+
+    constraint: str = "none"  # a rule in CONSTRAINT_RULES or a set registered on the context
+    constraint_size: int = 0  # n for "random" / "uniform"
+    constraint_seed: int = 0
+    constraint_path: str = ""  # for "file"
+    attention: str = "torch"  # the cached steps' attention backend (kernels.shared_prefix_attention)
+
+    def validate(self) -> None:
+        super().validate()
         if not self.constraint:
             raise UserInputError(
                 f"`constraint` must name a rule {list(CONSTRAINT_RULES)} or a registered set"
