@@ -70,11 +70,13 @@ def _x_note(lines: list[Line], x_param: str) -> tuple[str, str]:
         return f"vs {x_param}", note(
             f"x = decoder parameter <code>{esc(x_param)}</code>; one line per decoder (split by its other "
             "parameters when they vary independently); configurations without it are dotted horizontal "
-            "lines. Points are means over seeds, error bars one sample standard deviation."
+            "lines. Points are means over seeds; error bars the larger of one sample standard deviation "
+            "over seeds and the range over a trial's timed passes."
         )
     return "per configuration", note(
         f"No configuration has a <code>{esc(x_param)}</code> parameter: one marker per configuration. "
-        "Points are means over seeds, error bars one sample standard deviation."
+        "Points are means over seeds; error bars the larger of one sample standard deviation over seeds "
+        "and the range over a trial's timed passes."
     )
 
 

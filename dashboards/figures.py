@@ -18,6 +18,7 @@ import pandas as pd
 from genrec.dashboards.analysis import PARAM_PREFIX, constant_value, format_value, is_missing, param_columns
 from genrec.dashboards.page import esc, plotly
 from genrec.dashboards.style import REFERENCE_COLOUR, axis, colour, describe, trace_styles
+from genrec.workloads.results import spread_columns
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -121,6 +122,20 @@ def std_array(rows: pd.DataFrame, metric: str) -> list[float]:
     return [0.0 if is_missing(v) else float(v) for v in rows[col]]
 
 
+def error_bars(rows: pd.DataFrame, metric: str, **style: object) -> dict:
+    """Plotly error bars of `metric`: per point the larger of the std over seeds and the range over a
+    trial's repeated passes (`spread_columns`: the fastest and slowest pass), so a single seed timed
+    three times still shows its run-to-run spread."""
+    std = std_array(rows, metric)
+    lo_col, hi_col = spread_columns(metric)
+    up, down = list(std), list(std)
+    if lo_col in rows.columns and hi_col in rows.columns:
+        for i, (v, lo, hi) in enumerate(zip(rows[metric], rows[lo_col], rows[hi_col])):
+            if not (is_missing(v) or is_missing(lo) or is_missing(hi)):
+                up[i], down[i] = max(up[i], float(hi) - float(v)), max(down[i], float(v) - float(lo))
+    return dict(type="data", symmetric=False, array=up, arrayminus=down, visible=True, **style)
+
+
 def flat_metrics(agg: pd.DataFrame, metrics: Sequence[str]) -> dict[str, float]:
     """{metric: value} of the metrics whose mean is the same for every configuration."""
     out = {}
@@ -150,7 +165,7 @@ def _trace(go, ln: Line, rows: pd.DataFrame, metric: str, common: dict, span: tu
             y=rows[metric].astype(float).tolist(),
             mode="markers",
             marker=dict(color=ln.color, symbol=ln.symbol, size=10),
-            error_y=dict(type="data", array=std_array(rows, metric), visible=True),
+            error_y=error_bars(rows, metric),
             **common,
         )
     if ln.reference:
@@ -165,7 +180,7 @@ def _trace(go, ln: Line, rows: pd.DataFrame, metric: str, common: dict, span: tu
         mode="lines+markers",
         line=dict(color=ln.color, dash=ln.dash, width=2),
         marker=dict(color=ln.color, symbol=ln.symbol, size=8),
-        error_y=dict(type="data", array=std_array(rows, metric), visible=True, thickness=1.2),
+        error_y=error_bars(rows, metric, thickness=1.2),
         **common,
     )
 
@@ -247,8 +262,8 @@ def _points_trace(go, rows: pd.DataFrame, decoder: str, metric: str, latency_col
         name=decoder,
         customdata=custom,
         marker=dict(color=colour(decoder), size=10, line=dict(width=0.5, color="white")),
-        error_x=dict(type="data", array=std_array(rows, latency_col), visible=True, thickness=1),
-        error_y=dict(type="data", array=std_array(rows, metric), visible=True, thickness=1),
+        error_x=error_bars(rows, latency_col, thickness=1),
+        error_y=error_bars(rows, metric, thickness=1),
         hovertemplate=(
             "<b>%{customdata[0]}</b><br>"
             + f"{metric} = %{{y:.4g}} ± %{{customdata[2]:.2g}}<br>"

@@ -169,3 +169,18 @@ def test_benchmarks_are_compared_at_their_largest_swept_size():
     )
     picked, where = at_largest_size(df)
     assert set(picked["param_n"]) == {1000} and len(picked) == 2 and where == "at n=1000 (the largest)"
+
+
+def test_error_bars_show_the_range_over_repeats_when_seeds_give_none():
+    from genrec.dashboards.figures import error_bars
+
+    rows = pd.DataFrame(
+        {
+            "latency_p50_ms": [10.0, 20.0],
+            "latency_p50_ms_std": [float("nan"), 5.0],  # one seed; three seeds
+            "latency_p50_lo_ms": [8.0, 19.0],
+            "latency_p50_hi_ms": [13.0, 21.0],
+        }
+    )
+    bars = error_bars(rows, "latency_p50_ms")
+    assert bars["array"] == [3.0, 5.0] and bars["arrayminus"] == [2.0, 5.0] and not bars["symmetric"]
