@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from genrec.dashboards.analysis import (
+    best_per_budget,
     config_label,
     config_params,
     format_value,
@@ -243,18 +244,20 @@ def budget_picks(
     costs in quality against the best configuration at any latency."""
     q = dict(config_estimates(df, quality))
     lat = dict(config_estimates(df, latency))
-    both = [c for c in q if c in lat]
+    both = sorted(c for c in q if c in lat)
     if not both:
         return []
-    sign = -1.0 if quality.higher_is_better else 1.0
-    top = min(both, key=lambda c: (sign * q[c].value, lat[c].value, c))
+    # the pick itself is analysis.best_per_budget (the budget table's rule) over the medians
+    sign = 1.0 if quality.higher_is_better else -1.0
+    medians = pd.DataFrame(
+        {"config": both, "q": [sign * q[c].value for c in both], "lat": [lat[c].value for c in both]}
+    )
+    top = best_per_budget(medians, "lat", "q", [math.inf])["config"].iloc[0]
     picks = []
-    for budget in budgets:
-        fits = [c for c in both if lat[c].value <= budget]
-        if not fits:
+    for budget, pick in zip(budgets, best_per_budget(medians, "lat", "q", budgets)["config"]):
+        if is_missing(pick):
             picks.append(BudgetPick(float(budget), None, None, None, False))
             continue
-        pick = min(fits, key=lambda c: (sign * q[c].value, lat[c].value, c))
         cost = margin(quality, q[top], q[pick]) if pick != top else Estimate(0.0, 0.0, 0.0, q[pick].n)
         sig = pick != top and distinguishable(quality, q[top], q[pick])
         picks.append(BudgetPick(float(budget), pick, q[pick], cost, sig))
@@ -406,7 +409,3 @@ def render_headline(h: Headline) -> str:
             f"median): {esc(', '.join(h.noisy))}. Re-run before trusting their latency.</p>"
         )
     return '<div class="headline">' + "".join(out) + "</div>"
-
-
-def has_value(df: pd.DataFrame, column: str) -> bool:
-    return column in df and not all(is_missing(v) for v in df[column])

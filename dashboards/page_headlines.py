@@ -102,9 +102,8 @@ def decoder_headline(df: pd.DataFrame, options: ReportOptions) -> str:
     latency = Axis(latency_col, False, "timing", f"latency {options.latency} {per}", "ms")
     axes += [quality] if quality else []
     axes += [latency] if latency_col in df else []
-    for extra in ("invalid_rate",):
-        if extra in df:
-            axes.append(Axis(extra, False, "rate", extra))
+    if "invalid_rate" in df:
+        axes.append(Axis("invalid_rate", False, "rate", "invalid_rate"))
     budget_axes = (quality, latency) if quality and latency_col in df else None
     budgets: list[float] = []
     if budget_axes:
