@@ -249,6 +249,7 @@ def test_slo_batching_policy_is_a_live_switch(app):
         assert status == 200 and body["items"] and body["batch_size"] >= 1
         health = get(f"{url}/health")
         assert health["batching"]["batches"] >= 1 and health["batching"]["service_overhead_ms"] > 0
+        assert health["batching"]["lateness_factor"] >= 1.0  # observed / predicted, from the answers
         status, body, _ = post(url, {"history": long_history, "k": 5})
         assert status == 422 and "batching.token_budget=400" in body["detail"]
         reconfigure(cfg, policy="slo", token_budget=400, slo_ms=1.0, wait_quota_ms=0.5)

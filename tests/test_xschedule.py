@@ -5,6 +5,7 @@ model is exact), the service model itself, and the fixed-size batcher it is comp
 import math
 from collections import deque
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 from genrec.workloads.serving.xschedule import (
     FixedBatchPolicy,
     FixedConfig,
+    LatencyCalibration,
     ScheduleConfig,
     ServiceModel,
     SLOBatchPolicy,
@@ -67,20 +69,25 @@ def test_never_over_budget_and_never_past_the_quota(events, budget, slo, share):
     assert order == sorted(order)  # oldest first
 
 
-def simulate(policy, clock: FakeClock, events, service) -> tuple[dict, list]:
+def simulate(policy, clock: FakeClock, events, service, unmodelled_s: float = 0.0) -> tuple[dict, list]:
     """One worker driven like the Serve scheduler and the harness: arrivals are admitted when they
-    come; a free worker runs `next_batch()` (taking `service(tokens)` seconds) or sleeps until the
-    next arrival or due time. Returns ({key: (arrival, answered_at)}, rejected keys)."""
+    come; a free worker runs `next_batch()` (taking `service(tokens)` seconds, plus `unmodelled_s`
+    that the policy never hears of, like the app's event-loop delays) or sleeps until the next
+    arrival or due time; every answer is reported (`answered`). Returns ({key: (arrival,
+    answered_at)}, rejected keys)."""
     pending = deque(events)  # (arrival time, tokens), ascending
-    done, rejected, arrived = {}, [], {}
+    done, rejected, arrived, predicted = {}, [], {}, {}
     running, free_at, key = [], 0.0, 0
     while True:
         if running and clock.now >= free_at:
             policy.record(running, service(sum(r.tokens for r in running)))
             done.update({r.key: (arrived[r.key], free_at) for r in running})
+            for r in running:
+                policy.answered(predicted[r.key], free_at - arrived[r.key])
             running = []
         if not running and (batch := policy.next_batch()):
-            running, free_at = batch, clock.now + service(sum(r.tokens for r in batch))
+            running = batch
+            free_at = clock.now + service(sum(r.tokens for r in batch)) + unmodelled_s
             continue
         due = policy.due_in() if not running else None
         wake = min(
@@ -95,7 +102,9 @@ def simulate(policy, clock: FakeClock, events, service) -> tuple[dict, list]:
             t, tokens = pending.popleft()
             key += 1
             arrived[key] = t
-            if not policy.admit(key, tokens, arrival_s=t).admitted:
+            admission = policy.admit(key, tokens, arrival_s=t)
+            predicted[key] = admission.predicted_s
+            if not admission.admitted:
                 rejected.append(key)
 
 
@@ -133,6 +142,66 @@ def test_overload_is_rejected_and_what_is_admitted_meets_the_slo():
     done, rejected = simulate(policy, clock, events, lambda n: 0.01 + 1e-4 * n)
     assert len(rejected) > 100 and len(done) > 20
     assert max(end - start for start, end in done.values()) <= 0.2 + 1e-9
+
+
+@pytest.mark.parametrize("calibrated", [True, False])
+def test_lateness_the_service_model_cannot_see_is_learned_from_answers(calibrated):
+    # every batch ends 30 ms after the service model says (the app: the event loop's delays, under
+    # overload); without the lateness factor a quarter of the admitted requests miss the SLO
+    clock = FakeClock()
+    cfg = ScheduleConfig(1000, 0.2, 0.3, initial_s_per_token=1e-4, initial_overhead_s=0.01)
+    policy = SLOBatchPolicy(cfg, clock)
+    if not calibrated:
+        policy.calibration = LatencyCalibration(window=1, quantile=1.0, min_samples=10**9)
+    events = [(0.01 * i, 500) for i in range(600)]  # 50k tokens/s offered, ~9k/s served
+    done, rejected = simulate(policy, clock, events, lambda n: 0.01 + 1e-4 * n, unmodelled_s=0.03)
+    assert len(done) + len(rejected) == len(events)
+    settled = [end - start for start, end in done.values() if start >= 3.0]  # once 20+ answers are in
+    late = sum(latency > 0.2 + 1e-9 for latency in settled) / len(settled)
+    if calibrated:
+        assert late == 0 and policy.calibration.factor() > 1.2
+        assert len(settled) >= 15  # still answering (one request per ~0.15 s), not turning all away
+    else:
+        assert late > 0.9
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    ratios=st.lists(st.floats(0.01, 10.0), max_size=60),
+    window=st.integers(1, 40),
+    quantile=st.floats(0.05, 1.0),
+    min_samples=st.integers(1, 30),
+)
+def test_the_lateness_factor_is_a_clamped_quantile_of_the_recent_ratios(
+    ratios, window, quantile, min_samples
+):
+    cal = LatencyCalibration(window, quantile, min_samples=min_samples, max_factor=4.0)
+    for r in ratios:
+        cal.observe(0.1, 0.1 * r)
+    cal.observe(0.0, 1.0)  # no prediction (the fixed policy's 0): ignored
+    recent = ratios[-window:]
+    if len(recent) < min_samples:
+        assert cal.factor() == 1.0
+    else:
+        expected = min(4.0, max(1.0, float(np.quantile(np.array(recent) * 0.1 / 0.1, quantile))))
+        assert cal.factor() == pytest.approx(expected)
+
+
+def test_admission_scales_its_prediction_by_the_lateness_factor():
+    clock = FakeClock()
+    cfg = ScheduleConfig(token_budget=100, slo_s=0.1, wait_share=0.2, initial_s_per_token=4e-4)
+    policy = SLOBatchPolicy(cfg, clock)
+    assert policy.admit("a", 100).predicted_s == pytest.approx(0.04)
+    policy.next_batch()  # running until 0.04
+    for _ in range(20):  # answers came 2.5x later than predicted
+        policy.answered(0.04, 0.1)
+    assert policy.calibration.factor() == pytest.approx(2.5)
+    late = policy.admit("b", 40)  # 80 ms predicted, x2.5 = 200 ms: over the 100 ms SLO
+    assert not late.admitted and "x2.50 for recent lateness" in late.reason
+    assert late.retry_after_s == pytest.approx(2.5 * 0.04)  # the running batch, as late as recent ones
+    policy.record([], 0.04)  # the worker is free and nothing is queued: a request starts at once,
+    alone = policy.admit("c", 40)  # whatever the factor (turning it away would stop the answers
+    assert alone.admitted and alone.predicted_s == pytest.approx(0.06)  # the factor learns from)
 
 
 def test_a_batch_that_grows_after_admission_still_meets_the_slo():

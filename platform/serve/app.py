@@ -363,10 +363,12 @@ class Recommender:
         except ClientDisconnect:  # the client hung up before sending its body: nobody reads an answer
             return _error(CLIENT_CLOSED, "client closed the connection")
         deadline = arrived + self.request_timeout_s
+        predicted_s = 0.0  # the slo policy's prediction at admission
         if self.batching.policy == "slo":
-            pending = self._submit_slo(job, arrived, deadline)
-            if isinstance(pending, JSONResponse):
-                return pending
+            submitted = self._submit_slo(job, arrived, deadline)
+            if isinstance(submitted, JSONResponse):
+                return submitted
+            pending, predicted_s = submitted
         else:
             pending = self._decode_batch((job, arrived, deadline))
         try:
@@ -382,7 +384,10 @@ class Recommender:
             )
         if isinstance(out, UserInputError):  # the decoder rejected this request's group
             return _error(422, str(out))
-        out["timings_ms"]["server"] = (time.perf_counter() - arrived) * 1e3
+        server_s = time.perf_counter() - arrived
+        out["timings_ms"]["server"] = server_s * 1e3
+        if predicted_s:  # how late answers come against the policy's predictions calibrates admission
+            self.scheduler.policy.answered(predicted_s, server_s)
         self.answered += 1
         return JSONResponse(out)
 
@@ -414,8 +419,9 @@ class Recommender:
         return self._decode_groups(requests, started)
 
     def _submit_slo(self, job: RecommendJob, arrived: float, deadline: float) -> Any:
-        """The `slo` policy's admission: a future of the answer, or the rejection to send (422 for a
-        request no batch can hold, else 503/429 + Retry-After: it would miss the SLO if queued)."""
+        """The `slo` policy's admission: (a future of the answer, its predicted latency), or the
+        rejection to send (422 for a request no batch can hold, else 503/429 + Retry-After: it would
+        miss the SLO if queued)."""
         b = self.batching
         if job.tokens > b.token_budget:
             return _error(
@@ -425,7 +431,7 @@ class Recommender:
             )
         admission, pending = self.scheduler.submit((job, arrived, deadline), job.tokens)
         if pending is not None:
-            return pending
+            return pending, admission.predicted_s
         self.rejected += 1
         self.slo_rejected += 1
         detail = f"overloaded: cannot answer within the {b.slo_ms:g} ms SLO ({admission.reason}); retry later"
@@ -441,6 +447,7 @@ class Recommender:
             "batches": self.scheduler.batches,
             "service_overhead_ms": policy.service.overhead_s * 1e3,
             "service_us_per_token": policy.service.s_per_token * 1e6,
+            "lateness_factor": policy.calibration.factor(),  # recent observed / predicted latency
         }
 
     def _decode_groups(self, requests: list[tuple[RecommendJob, float, float]], started: float) -> list[Any]:

@@ -4,7 +4,8 @@
         --models-dir /tmp/as/models --objectives sft seqkd atspeed_s atspeed_s-no_dr atspeed_s-literal \\
         --seeds 42 43 44 --k 10 5 --draft-beams 40 20 10 --gamma 3 --users 256 --threads 1 --out FILE.json
 
-Per seed: the `target_size` target (next item), its beam teacher file (top `teacher_k` SIDs) and one
+Per seed: the `target_size` target (next item; or one trained target shared by every seed, --target,
+when only the drafts' seeds should vary), its beam teacher file (top `teacher_k` SIDs) and one
 `draft_size` draft per objective, trained or reused under --models-dir exactly as
 `atspeed_arms.prepare_models` names them (objective names as in `atspeed_arms.OBJECTIVES`). Then, per
 draft, K and N, the first --users test users are decoded one at a time with the target's beam search
@@ -24,6 +25,7 @@ trained by the code before the re-check (a different loss under the same TrainCo
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import time
 from collections.abc import Iterator
@@ -59,6 +61,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--objectives", nargs="+", default=["sft", "seqkd", "atspeed_s", "atspeed_s-no_dr"])
     p.add_argument("--seeds", type=int, nargs="+", default=[42, 43, 44])
     p.add_argument("--target-size", default="small")
+    p.add_argument(
+        "--target",
+        default=None,
+        help="a trained target checkpoint shared by every seed (then the seeds vary the drafts only; "
+        "default: train one `--target-size` target per seed)",
+    )
     p.add_argument("--draft-size", default="tiny")
     p.add_argument("--epochs", type=int, default=8)
     p.add_argument("--k", type=int, nargs="+", default=[10, 5], help="the target's beam K values")
@@ -113,14 +121,38 @@ def train_timed(data: str, model_dir: Path, cfg, literal: bool = False) -> dict:
     }
 
 
-def prepare_seed(args: argparse.Namespace, seed: int) -> tuple[Path, dict[str, dict]]:
-    """The seed's target and one draft per objective (trained or reused)."""
-    common = {"epochs": args.epochs, "device": args.device, "threads": args.threads}
+def seed_target(args: argparse.Namespace, seed: int, common: dict) -> tuple[Path, dict]:
+    """The seed's target: --target as given (shared), or one trained (or reused) for this seed."""
+    if args.target is not None:
+        target_dir = Path(args.target).resolve()
+        if not (target_dir / "config.json").is_file():
+            raise UserInputError(f"--target {args.target}: no checkpoint there (config.json missing)")
+        meta = json.loads((target_dir / "config.json").read_text())
+        info = {"dir": str(target_dir), "train_seconds": meta.get("train_seconds"), "shared": True}
+        return target_dir, {**info, "val_loss": meta.get("best_val_loss")}
     target_cfg = train_config("sft", args.target_size, seed, common)
     target_dir = cached_dir(
         args.models_dir, args.data, f"target-{args.target_size}-seed{seed}", asdict(target_cfg)
     )
-    drafts = {"target": train_timed(args.data, target_dir, target_cfg)}
+    return target_dir, train_timed(args.data, target_dir, target_cfg)
+
+
+def teacher_path(args: argparse.Namespace, target_dir: Path, sampling: bool, seed: int) -> Path:
+    """Where the target's teacher file is cached: one beam file per target; with a shared --target
+    one sampling file per seed (the sampled SIDs depend on it), named after the target's path."""
+    kind = "sample" if sampling else "beam"
+    if args.target is None:
+        return Path(args.models_dir) / f"teacher-{kind}-k{args.teacher_k}-{target_dir.name}.parquet"
+    tag = hashlib.sha256(str(target_dir).encode()).hexdigest()[:10]
+    per_seed = f"-seed{seed}" if sampling else ""
+    return Path(args.models_dir) / f"teacher-{kind}-k{args.teacher_k}-shared-{tag}{per_seed}.parquet"
+
+
+def prepare_seed(args: argparse.Namespace, seed: int) -> tuple[Path, dict[str, dict]]:
+    """The seed's target and one draft per objective (trained or reused)."""
+    common = {"epochs": args.epochs, "device": args.device, "threads": args.threads}
+    target_dir, target_info = seed_target(args, seed, common)
+    drafts = {"target": target_info}
     for objective in args.objectives:
         name = "atspeed_s" if objective == LITERAL else objective
         extra: dict = {}
@@ -128,8 +160,7 @@ def prepare_seed(args: argparse.Namespace, seed: int) -> tuple[Path, dict[str, d
             extra = {"target": str(target_dir), "alpha": args.alpha}
         if OBJECTIVES[name][0] in NEEDS_TEACHER:
             sampling = OBJECTIVES[name][0] == "atspeed_r"
-            kind = "sample" if sampling else "beam"
-            out = Path(args.models_dir) / f"teacher-{kind}-k{args.teacher_k}-{target_dir.name}.parquet"
+            out = teacher_path(args, target_dir, sampling, seed)
             extra["teacher"] = str(
                 ensure_teacher(target_dir, args.data, out, args.teacher_k, sampling, seed, args.device)
             )

@@ -84,6 +84,7 @@ class Record:
     latency_s: float = math.nan
     queue_s: float = math.nan
     batch_size: int = 0
+    predicted_s: float = 0.0  # the policy's prediction at admission (slo; 0 for fixed)
 
 
 def poisson_arrivals(rate: float, duration_s: float, seed: int) -> np.ndarray:
@@ -115,7 +116,9 @@ class OpenLoop:
         """Admit every request that has arrived by `now`, each with its own arrival time."""
         while self.next < len(self.records) and self.t0 + self.records[self.next].arrival_s <= now:
             rec = self.records[self.next]
-            if not self.policy.admit(rec, rec.tokens, arrival_s=self.t0 + rec.arrival_s).admitted:
+            admission = self.policy.admit(rec, rec.tokens, arrival_s=self.t0 + rec.arrival_s)
+            rec.predicted_s = admission.predicted_s
+            if not admission.admitted:
                 rec.outcome = "rejected"
             self.next += 1
 
@@ -140,6 +143,7 @@ class OpenLoop:
             rec.outcome, rec.batch_size = "answered", len(live)
             rec.latency_s = end - (self.t0 + rec.arrival_s)
             rec.queue_s = start - (self.t0 + rec.arrival_s)
+            self.policy.answered(rec.predicted_s, rec.latency_s)
 
     def wait_s(self, now: float) -> float | None:
         """How long the free worker may sleep: until the next arrival or due time (None: all done)."""
