@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from genrec.workloads.decoding.atspeed import resample, sample_without_replacement
+from genrec.workloads.decoding.atspeed import relaxed_level, resample, sample_without_replacement
 from genrec.workloads.decoding.base import DecoderContext, get_decoder, make_params
 from genrec.workloads.decoding.draft_tree import DraftLevel, DraftTree, verify_logits
 from genrec.workloads.errors import UserInputError
@@ -176,6 +176,65 @@ def test_relaxed_rule_matches_algorithm_2_on_enumerable_distributions():
     assert abs(float(keep.float().mean()) - np.minimum(p, q).sum()) < 0.02
 
 
+def follows(values: np.ndarray, probs: np.ndarray) -> bool:
+    """Chi-square: `values` (indices) are draws of `probs` (zero-probability cells must stay empty)."""
+    counts = np.bincount(values, minlength=len(probs))
+    zero = probs <= 0
+    if counts[zero].any():
+        return False
+    return stats.chisquare(counts[~zero], probs[~zero] / probs[~zero].sum() * len(values)).pvalue > 1e-3
+
+
+def relaxed_rows(p, q, trials, n, k, seed):
+    """`relaxed_level` for `trials` rows of one root level: N i.i.d. draws from q (the with-replacement
+    reading the paper's analysis uses), checked against p."""
+    gen = torch.Generator().manual_seed(seed)
+    m = len(p)
+    p_log = torch.log(torch.tensor(p, dtype=torch.float32)).expand(trials, m)
+    q_log = torch.log(torch.tensor(q, dtype=torch.float32)).expand(trials, m)
+    draws = torch.multinomial(q_log.exp(), n, replacement=True, generator=gen)
+    drafted = DraftLevel(torch.zeros_like(draws), draws)
+    beams = torch.zeros(trials, 1, dtype=torch.long)
+    return relaxed_level(p_log, q_log, drafted, torch.zeros(trials, n), beams, m, k, gen), draws
+
+
+@pytest.mark.parametrize("n, k", [(1, 1), (3, 1), (6, 2)])
+def test_relaxed_level_accepts_at_k_kept_of_n_and_samples_like_algorithm_2(n, k):
+    """Each drafted y ~ q is kept with probability min(1, p/q), so a kept one follows min(p, q) / a
+    (a = sum min(p, q)) and the level passes with P(Binomial(N, a) >= K); a failed level's missing
+    sequences follow norm(max(0, p - q)). With N = K = 1 the output follows p exactly (speculative
+    sampling); with N > K an accepted output follows min(p, q) / a instead (the price of accepting more)."""
+    rng = np.random.default_rng(n * 10 + k)
+    m, trials = 6, 40_000
+    p, q = rng.dirichlet(np.ones(m)), rng.dirichlet(np.ones(m) * 0.5)
+    a = np.minimum(p, q).sum()
+    out, draws = relaxed_rows(p, q, trials, n, k, seed=n + k)
+    accept = out.accept.numpy()
+    assert abs(accept.mean() - stats.binom.sf(k - 1, n, a)) < 0.01
+    assert follows(out.next_flat[out.accept][:, 0].numpy(), np.minimum(p, q))
+    if k == 1:  # nothing kept: the single output is a residual draw
+        assert follows(out.final_flat[~out.accept][:, 0].numpy(), np.maximum(p - q, 0))
+    if n == k == 1:  # over all rows: exactly p
+        assert follows(torch.where(out.accept, out.next_flat[:, 0], out.final_flat[:, 0]).numpy(), p)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(1, 8), k=st.integers(1, 4))
+def test_relaxed_level_picks_k_of_the_kept_in_draft_order(seed, n, k):
+    rng = np.random.default_rng(seed)
+    m = 8
+    p, q = rng.dirichlet(np.ones(m)), rng.dirichlet(np.ones(m))
+    out, draws = relaxed_rows(p, q, 50, n, k, seed)
+    for r in range(50):
+        picked = out.next_nodes[r][out.next_real[r]].tolist()
+        assert picked == sorted(picked) and len(set(picked)) == len(picked)
+        if bool(out.accept[r]):
+            assert len(picked) == k
+            assert out.next_flat[r].tolist() == draws[r][out.next_nodes[r]].tolist()
+        else:
+            assert int(out.final_real[r].sum()) == k  # kept ones plus resampled ones fill K
+
+
 def test_resample_keeps_the_accepted_and_never_repeats_them():
     gen = torch.Generator().manual_seed(3)
     p = torch.log_softmax(torch.randn(500, 12, generator=gen), -1)
@@ -230,11 +289,12 @@ def test_relaxed_with_k1_samples_the_target_distribution():
     assert 0 < out_rel.counters["accepted_steps"] <= 2
 
 
-def test_relaxed_returns_k_distinct_valid_sequences_with_target_scores():
+@pytest.mark.parametrize("n", [5, 12])
+def test_relaxed_returns_k_distinct_valid_sequences_with_target_scores(n):
     ctx = make_ctx((4, 4, 4), seed=2)
     rel = get_decoder("atspeed_relaxed")
     res = rel.decode(
-        ctx, [[0], [1, 2]], make_params(rel, {"beam_width": 5, "k": 5, "draft_beams": 5, "constraint": "all"})
+        ctx, [[0], [1, 2]], make_params(rel, {"beam_width": 5, "k": 5, "draft_beams": n, "constraint": "all"})
     )
     for b in range(2):
         rows = [tuple(c) for c in res.codes[b].tolist()]

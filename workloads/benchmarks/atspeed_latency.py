@@ -5,7 +5,8 @@
         --batch-size 1 --repeats 3 --warmup 1 --threads 1 [--device cpu|cuda] [--out FILE.json]
 
 Arms: `beam` (the target's beam search with beam K: the reference whose output strict AtSpeed must
-equal) and `atspeed_strict` for each N in --draft-beams (and `atspeed_relaxed` with --relaxed). Every
+equal) and `atspeed_strict` for each N in --draft-beams (with --relaxed also `beam_sample`, the
+target's sampling beam search, and `atspeed_relaxed` for each N, whose `ws_vs_sampling` is against it). Every
 arm decodes the SAME batches of the first --users test users, with the arm order rotated per repeat.
 Per arm: latency per batch (median, p90), WS@K = beam median / arm median, the phase split (prefill,
 draft, verify), target and draft calls per user, accepted steps per SD step (AS@K) and per-level
@@ -56,8 +57,10 @@ def arms(args: argparse.Namespace) -> dict[str, tuple[str, dict]]:
     out = {"beam": ("beam", base)}
     for n in args.draft_beams:
         out[f"strict_N{n}"] = ("atspeed_strict", {**base, "draft_beams": n, "gamma": args.gamma})
-    if args.relaxed:
-        out["relaxed"] = ("atspeed_relaxed", {**base, "draft_beams": args.k, "gamma": args.gamma})
+    if args.relaxed:  # relaxed's reference: the target's sampling beam search (temperature 1)
+        out["beam_sample"] = ("beam_sample", {**base, "seed": 0})
+        for n in args.draft_beams:
+            out[f"relaxed_N{n}"] = ("atspeed_relaxed", {**base, "draft_beams": n, "gamma": args.gamma})
     return out
 
 
@@ -102,7 +105,7 @@ def summarise(results, batches, args) -> dict[str, dict]:
                 for ph in ("prefill", "draft", "verify", "decode", "system")
             },
         }
-        if name != "beam":
+        if name not in ("beam", "beam_sample"):
             c = [res.counters for _, res in runs]
             row["target_calls_per_batch"] = float(np.mean([x["target_calls"] for x in c]))
             row["draft_calls_per_batch"] = float(np.mean([x["draft_calls"] for x in c]))
@@ -113,6 +116,9 @@ def summarise(results, batches, args) -> dict[str, dict]:
             levels = sorted({k for x in c for k in x if k.startswith("acceptance_level_")})
             row["acceptance"] = {k: float(np.mean([x.get(k, 0.0) for x in c])) for k in levels}
             row["users"] = users
+        if name.startswith("relaxed"):
+            sample_ms = np.median([m for m, _ in results["beam_sample"]])
+            row["ws_vs_sampling"] = float(sample_ms / np.median(ms))
         if name.startswith("strict"):
             same = [bool(torch.equal(res.codes, ref)) for (_, res), ref in zip(runs, beam_codes)]
             row["identical_to_beam"] = float(np.mean(same))
@@ -135,13 +141,15 @@ def main(argv: list[str] | None = None) -> dict:
     for name, row in rows.items():
         ph = row["phases_ms"]
         extra = ""
-        if name != "beam":
+        if name not in ("beam", "beam_sample"):
             extra = (
                 f"  AS {row['accepted_steps']:.2f}  target calls/batch {row['target_calls_per_batch']:.2f}"
                 f"  free-draft ceiling {row['free_draft_ceiling']:.2f}x"
             )
             if "identical_to_beam" in row:
                 extra += f"  identical {row['identical_to_beam']:.0%}"
+            if "ws_vs_sampling" in row:
+                extra += f"  WS vs beam_sample {row['ws_vs_sampling']:.2f}x"
         print(
             f"{name:12s} {row['median_ms']:8.2f} ms/batch  WS@{args.k} {row['ws']:.2f}x  "
             f"(prefill {ph['prefill']:.2f}, draft {ph['draft']:.2f}, verify {ph['verify']:.2f}){extra}",

@@ -72,6 +72,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--k", type=int, nargs="+", default=[10, 5], help="the target's beam K values")
     p.add_argument("--draft-beams", type=int, nargs="+", default=[40], help="N values (raised to K)")
     p.add_argument("--gamma", type=int, default=3)
+    p.add_argument(
+        "--verification",
+        nargs="+",
+        choices=["strict", "relaxed"],
+        default=["strict"],
+        help="strict: against the target's beam search; relaxed: against its sampling beam search "
+        "(temperature 1, the same seed), with Recall@K of both",
+    )
     p.add_argument("--teacher-k", type=int, default=10)
     p.add_argument("--alpha", type=float, default=0.5)
     p.add_argument("--users", type=int, default=256)
@@ -175,11 +183,14 @@ def prepare_seed(args: argparse.Namespace, seed: int) -> tuple[Path, dict[str, d
     return target_dir, drafts
 
 
-def measure(args: argparse.Namespace, target_dir: Path, draft_dir: str, seed: int, k: int, n: int) -> dict:
-    """Strict AtSpeed (n draft beams) against the target's beam search at beam k on the first --users
-    test users."""
+def measure(
+    args: argparse.Namespace, target_dir: Path, draft_dir: str, seed: int, k: int, n: int, verification: str
+) -> dict:
+    """AtSpeed (n draft beams) against its reference on the first --users test users: strict against
+    the target's beam search at beam k, relaxed against its sampling beam search (seeded)."""
     from genrec.workloads.decoding.base import get_decoder, make_params
     from genrec.workloads.evaluation import load_context
+    from genrec.workloads.metrics import user_metric_vector
 
     ctx, ds, _ = load_context(target_dir, args.data, args.device, draft_dir=draft_dir)
     examples = ds.eval_examples("test")[: args.users]
@@ -187,44 +198,87 @@ def measure(args: argparse.Namespace, target_dir: Path, draft_dir: str, seed: in
         raise UserInputError("the dataset has no test users")
     batches = [[ex.history] for ex in examples]
     targets = [[ex.targets] for ex in examples]
-    beam, strict = get_decoder("beam"), get_decoder("atspeed_strict")
-    ref = (beam, make_params(beam, {"beam_width": k, "k": k}))
+    relaxed = verification == "relaxed"
+    ref_name, arm_name = ("beam_sample", "atspeed_relaxed") if relaxed else ("beam", "atspeed_strict")
+    ref_dec, arm_dec = get_decoder(ref_name), get_decoder(arm_name)
+    ref_params = {"beam_width": k, "k": k, **({"seed": seed} if relaxed else {})}
     params = {"beam_width": k, "k": k, "draft_beams": max(n, k), "gamma": args.gamma}
-    arm = (strict, make_params(strict, {**params, "tree_attention": True, "seed": seed}))
+    ref = (ref_dec, make_params(ref_dec, ref_params))
+    arm = (arm_dec, make_params(arm_dec, {**params, "tree_attention": True, "seed": seed}))
     ref_runs, arm_runs = time_pair(ctx, batches, ref, arm, repeats=1)
-    row = summarise(ref_runs, arm_runs, targets, k, relaxed=False)
+    row = summarise(ref_runs, arm_runs, targets, k, relaxed=relaxed)
     row["per_user_accepted_steps"] = [float(res.counters["accepted_steps"]) for _, res in arm_runs]
+    flat_targets = [t for batch in targets for t in batch]
+    for name, runs in (("reference", ref_runs), ("atspeed", arm_runs)):
+        ranked = [ids for _, res in runs for ids in res.item_ids.tolist()]
+        row[f"per_user_{name}_recall"] = user_metric_vector(ranked, flat_targets, f"recall@{k}").tolist()
     return row
 
 
-def compare(rows: list[dict], objectives: list[str], settings: list[tuple[int, int]]) -> dict:
-    """Per (K, N) and objective: per-seed AS@K and median; the first AtSpeed-S objective against the
-    others."""
-    by = {(r["objective"], (r["k"], r["draft_beams"]), r["seed"]): r for r in rows}
+def compare(rows: list[dict], objectives: list[str], settings: list[tuple[int, int, str]]) -> dict:
+    """Per (K, N, verification) and objective: per-seed AS@K and median; the first AtSpeed objective of
+    that verification (AtSpeed-S for strict, AtSpeed-R for relaxed) against the others; relaxed also
+    compares Recall@K with the target's sampling beam search (one-sided: is AtSpeed lower?)."""
+    by = {(r["objective"], (r["k"], r["draft_beams"], r["verification"]), r["seed"]): r for r in rows}
     seeds = sorted({r["seed"] for r in rows})
-    main = next((o for o in objectives if o.startswith("atspeed_s")), None)
     out: dict = {}
-    for k in settings:
+    for key in settings:
+        prefix = "atspeed_r" if key[2] == "relaxed" else "atspeed_s"
+        main = next((o for o in objectives if o.startswith(prefix)), None)
         per_k: dict = {}
         for o in objectives:
-            values = [by[(o, k, s)]["accepted_steps"] for s in seeds]
+            values = [by[(o, key, s)]["accepted_steps"] for s in seeds]
             per_k[o] = {"per_seed": values, "median": float(np.median(values))}
-            per_k[o]["identical_share_min"] = min(by[(o, k, s)]["identical_share"] for s in seeds)
-        if main is not None:
-            for o in objectives:
-                if o == main:
-                    continue
-                a = [by[(main, k, s)]["accepted_steps"] for s in seeds]
-                b = [by[(o, k, s)]["accepted_steps"] for s in seeds]
-                tests: dict = {}
-                if len(seeds) >= 2:  # H1: main accepts more, i.e. mean(b - a) < 0
-                    tests["seeds_paired_t"] = paired_t_test_less(b, a)
-                ua = np.concatenate([by[(main, k, s)]["per_user_accepted_steps"] for s in seeds])
-                ub = np.concatenate([by[(o, k, s)]["per_user_accepted_steps"] for s in seeds])
-                tests["users_sign_flip"] = paired_permutation_test(ua, ub)
-                per_k[o][f"{main}_vs"] = tests
-        out[f"k{k[0]}_n{k[1]}"] = per_k
+            if key[2] == "strict":
+                per_k[o]["identical_share_min"] = min(by[(o, key, s)]["identical_share"] for s in seeds)
+            else:
+                per_k[o]["recall"] = recall_vs_sampling(by, o, key, seeds)
+        for o in objectives if main is not None else []:
+            if o != main:
+                per_k[o][f"{main}_vs"] = more_accepted(by, main, o, key, seeds)
+        out[f"k{key[0]}_n{key[1]}_{key[2]}"] = per_k
     return out
+
+
+def more_accepted(by: dict, main: str, other: str, key: tuple, seeds: list[int]) -> dict:
+    """One-sided tests of H1: `main` accepts more steps than `other` (over seeds, over users)."""
+    a = [by[(main, key, s)]["accepted_steps"] for s in seeds]
+    b = [by[(other, key, s)]["accepted_steps"] for s in seeds]
+    tests: dict = {}
+    if len(seeds) >= 2:  # H1: mean(b - a) < 0
+        tests["seeds_paired_t"] = paired_t_test_less(b, a)
+    ua = np.concatenate([by[(main, key, s)]["per_user_accepted_steps"] for s in seeds])
+    ub = np.concatenate([by[(other, key, s)]["per_user_accepted_steps"] for s in seeds])
+    tests["users_sign_flip"] = paired_permutation_test(ua, ub)
+    return tests
+
+
+def recall_vs_sampling(by: dict, objective: str, key: tuple, seeds: list[int]) -> dict:
+    """Relaxed AtSpeed's Recall@K against the target's sampling beam search on the same users, per seed,
+    and one-sided tests of H1: AtSpeed's recall is lower (over seeds; over (seed, user) pairs)."""
+    k = key[0]
+    ours = [by[(objective, key, s)][f"atspeed_recall@{k}"] for s in seeds]
+    ref = [by[(objective, key, s)][f"reference_recall@{k}"] for s in seeds]
+    out: dict = {"atspeed_per_seed": ours, "sampling_per_seed": ref}
+    if len(seeds) >= 2:
+        out["seeds_paired_t_lower"] = paired_t_test_less(ours, ref)
+    ua = np.concatenate([by[(objective, key, s)]["per_user_atspeed_recall"] for s in seeds])
+    ub = np.concatenate([by[(objective, key, s)]["per_user_reference_recall"] for s in seeds])
+    out["users_sign_flip_lower"] = paired_permutation_test(ub, ua)  # H1: mean(ref - ours) > 0
+    return out
+
+
+def format_row(objective: str, row: dict, info: dict) -> str:
+    k = row["k"]
+    if "identical_share" in row:
+        check = f"identical {row['identical_share']:.0%}"
+    else:
+        check = f"recall {row[f'atspeed_recall@{k}']:.4f} (sampling {row[f'reference_recall@{k}']:.4f})"
+    return (
+        f"  {objective:18s} {row['verification']:7s} K={k:<3d} N={row['draft_beams']:<3d} "
+        f"AS {row['accepted_steps']:.3f}  target calls {row['target_calls']:.2f}  WS {row['ws']:.2f}x  "
+        f"{check}  (trained {info['train_seconds'] or 0:.0f} s, val loss {info['val_loss']:.4f})"
+    )
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -232,23 +286,28 @@ def main(argv: list[str] | None = None) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     rows, training = [], {}
-    settings = sorted({(k, max(n, k)) for k in args.k for n in args.draft_beams}, reverse=True)
+    settings = sorted(
+        {(k, max(n, k), v) for k in args.k for n in args.draft_beams for v in args.verification}, reverse=True
+    )
     for seed in args.seeds:
         t0 = time.perf_counter()
         target_dir, drafts = prepare_seed(args, seed)
         training[seed] = drafts
         print(f"seed {seed}: models ready in {time.perf_counter() - t0:.0f} s", flush=True)
         for objective in args.objectives:
-            for k, n in settings:
-                row = measure(args, target_dir, drafts[objective]["dir"], seed, k, n)
-                rows.append({"objective": objective, "seed": seed, "k": k, "draft_beams": n, **row})
-                info = drafts[objective]
-                print(
-                    f"  {objective:18s} K={k:<3d} N={n:<3d} AS {row['accepted_steps']:.3f}  target calls "
-                    f"{row['target_calls']:.2f}  WS {row['ws']:.2f}x  identical {row['identical_share']:.0%}"
-                    f"  (trained {info['train_seconds']:.0f} s, val loss {info['val_loss']:.4f})",
-                    flush=True,
+            for k, n, verification in settings:
+                row = measure(args, target_dir, drafts[objective]["dir"], seed, k, n, verification)
+                rows.append(
+                    {
+                        "objective": objective,
+                        "seed": seed,
+                        "k": k,
+                        "draft_beams": n,
+                        "verification": verification,
+                        **row,
+                    }
                 )
+                print(format_row(objective, rows[-1], drafts[objective]), flush=True)
     result = {
         "args": vars(args),
         "training": training,
@@ -263,6 +322,9 @@ def main(argv: list[str] | None = None) -> dict:
         for o, row in per_k.items():
             tests = next((v for name, v in row.items() if name.endswith("_vs")), {})
             p = {name: round(t["p_value"], 4) for name, t in tests.items()}
+            if "recall" in row:
+                rec = row["recall"]
+                p["recall_lower_users"] = round(rec["users_sign_flip_lower"]["p_value"], 4)
             seeds = [round(v, 3) for v in row["per_seed"]]
             print(f"  {o:18s} per seed {seeds}  median {row['median']:.3f}  p {p}")
     return result

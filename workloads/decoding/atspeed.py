@@ -3,7 +3,7 @@
 One SD step for the users whose decided prefix has length t (users are grouped by t, so rows of a
 batch that accepted different numbers of levels stay correct):
   1. draft: the draft model beam-searches gamma' = min(gamma, L - 1 - t) levels from the K decided
-     beams (N beams for strict, K sampled beams for relaxed);
+     beams with N beams (strict: its top N; relaxed: N sequences sampled, Gumbel-top-N);
   2. verify: the target scores every drafted node in ONE `extend` over the flattened draft tree with a
      tree mask (draft_tree.py; `tree_attention=False` is the "w/o TA" ablation: one call per level);
   3. accept, level by level from t:
@@ -11,10 +11,16 @@ batch that accepted different numbers of levels stay correct):
        t+j-1) must all be among the drafted beams of that level; the first level where they are not
        is the step's output, and the level after the last drafted one comes free from the same call.
        The output equals the target's beam search with beam K exactly.
-     relaxed (Algorithm 2): each drafted sequence y is kept if p(y) >= q(y), else with probability
-       p(y)/q(y); at the first level with a rejection the missing sequences are resampled from
-       norm(max(0, p - q)) (kept ones excluded) and the step ends. p and q are the target's and the
-       draft's sequence distributions over the children of the decided beams.
+     relaxed (Algorithm 2): each drafted sequence y that extends a decided beam is kept if
+       p(y) >= q(y), else with probability p(y)/q(y); a level with at least K kept is accepted and K
+       of the kept, drawn at random, are its beams; at the first level with fewer, the missing ones
+       are resampled from norm(max(0, p - q)) (kept ones excluded) and the step ends. p and q are the
+       target's and the draft's sequence distributions over the children of the decided beams (q
+       renormalised there). Algorithm 2 as printed loops over K drafted sequences and never uses its
+       input N; read that way a level passes only if all K pass (AS@10 0.05 on Beauty, against about 2
+       in the paper's Table 1), and its "more than K accepted: sample K" line could never run. The
+       authors' code drafts N samples and accepts at K kept, as here; it compares p with the draft's q
+       over all N draft beams' children, unnormalised, which accepts too often.
 Scores are the target's cumulative log-probabilities. Any `constraint` masks both models' levels.
 """
 
@@ -53,7 +59,7 @@ NEG_INF = float("-inf")
 class AtSpeedParams(BeamParams):
     """beam_width is the target's beam K (the output equals its beam search for `atspeed_strict`)."""
 
-    draft_beams: int = 40  # N: the draft's beams per level (strict); relaxed drafts K sampled beams
+    draft_beams: int = 40  # N: the draft's beams (strict) or sampled sequences (relaxed) per level
     gamma: int = 3  # levels drafted per SD step
     tree_attention: bool = True  # False: verify each drafted level in its own target call (w/o TA)
     seed: int = 0  # relaxed: the accept / resample randomness of one decode call
@@ -65,7 +71,8 @@ class AtSpeedParams(BeamParams):
         if self.draft_beams < self.beam_width:
             raise UserInputError(
                 f"`draft_beams` (N = {self.draft_beams}) must be >= beam_width (K = {self.beam_width}): "
-                "strict verification needs every target top-K sequence among the N drafted ones"
+                "verification needs every target top-K sequence (strict) or K accepted ones (relaxed) "
+                "among the N drafted ones"
             )
 
 
@@ -273,7 +280,11 @@ def verify_relaxed(
     processors: list[LevelProcessor],
     gen: torch.Generator,
 ) -> StepOutcome:
-    """Algorithm 2 for a group: accept drafted sequences by p/q, resample from norm(max(0, p - q))."""
+    """Algorithm 2 for a group: of the N drafted sequences of a level, those whose parent is among the K
+    decided beams are kept with probability min(1, p/q'); at least K kept accept the level (K of them
+    at random are its beams), fewer end the step with the kept ones plus draws from norm(max(0, p - q')).
+    p and q' are the target's and the draft's distributions over the children of the decided beams
+    (q' renormalised there: the draft sampled over its own N beams' children)."""
     g, w, t = tree.committed.shape
     device = scores.device
     out = StepOutcome.empty(g, k, codec.levels, t, device)
@@ -286,39 +297,87 @@ def verify_relaxed(
         lp = parent_log_probs(m, users, tree, tree_logits, j, beams, codec)
         lp, states = apply_processors(processors, states, level, lp, scores)
         tsize = lp.shape[-1]
-        p_log = torch.log_softmax((scores[:, :, None] + lp).view(g, -1), dim=-1)  # over the children
-        if j < gamma:
-            q_lp = choices[j].log_probs  # the draft's (processed) log-probs of the same parents
-            q_log = torch.log_softmax((draft_scores[:, :, None] + q_lp).view(g, -1), dim=-1)
-            drafted = tree.levels[j]
-            flat = drafted.parent * tsize + drafted.code  # [G, K] drafted sequences
-            alive = torch.isfinite(choices[j].scores)
-            ratio = torch.exp(p_log.gather(1, flat) - q_log.gather(1, flat))
-            r = torch.rand(ratio.shape, generator=gen, device=device)
-            keep = alive & (r <= ratio)
-            accept = (keep | ~alive).all(-1)
-            chosen, real = resample(p_log, q_log, flat, keep, k, gen)
-            out.count(active, accept)
-        else:  # the level after the drafted ones: a target sampling-beam-search step
+        cand = (scores[:, :, None] + lp).view(g, -1)  # target cumulative scores of the children
+        p_log = torch.log_softmax(cand, dim=-1)
+        if j == gamma:  # the level after the drafted ones: a target sampling-beam-search step
             chosen, real = sample_without_replacement(p_log, k, gen)
-            accept = torch.zeros(g, dtype=torch.bool, device=device)
-        cand = (scores[:, :, None] + lp).view(g, -1)
+            top = torch.where(real, cand.gather(1, chosen), NEG_INF)
+            codes = extend_codes(codes, chosen // tsize, chosen % tsize)
+            out.settle(active, torch.zeros_like(active), *sort_beams(codes, top), level)
+            break
+        q_log = drafted_distribution(choices[j].log_probs, draft_scores, beams)
+        level_out = relaxed_level(p_log, q_log, tree.levels[j], choices[j].scores, beams, tsize, k, gen)
+        out.count(active, level_out.accept)
+        chosen = torch.where(level_out.accept[:, None], level_out.next_flat, level_out.final_flat)
+        real = torch.where(level_out.accept[:, None], level_out.next_real, level_out.final_real)
         top = torch.where(real, cand.gather(1, chosen), NEG_INF)
-        top, order = top.sort(dim=-1, descending=True)
-        chosen = chosen.gather(1, order)
-        active = out.settle(active, accept, extend_codes(codes, chosen // tsize, chosen % tsize), top, level)
+        new_codes = extend_codes(codes, chosen // tsize, chosen % tsize)
+        active = out.settle(active, level_out.accept, *sort_beams(new_codes, top), level)
         if not bool(active.any()):
             break
-        # all drafted sequences kept: the next level's parents are the drafted beams, in draft order
-        drafted = tree.levels[j]
-        flat = drafted.parent * tsize + drafted.code
-        codes = extend_codes(codes, drafted.parent, drafted.code)
-        states = advance_processors(processors, states, level, drafted.parent, drafted.code, lp.shape[1])
-        alive = torch.isfinite(choices[j].scores)
-        scores = torch.where(alive, (scores[:, :, None] + lp).view(g, -1).gather(1, flat), NEG_INF)
+        # accepted users go on from the K kept sequences picked at random (their order: draft order)
+        codes, scores = new_codes, top
+        states = advance_processors(processors, states, level, chosen // tsize, chosen % tsize, lp.shape[1])
+        beams = level_out.next_nodes
         draft_scores = choices[j].scores
-        beams = torch.arange(k, device=device).expand(g, k)
     return out
+
+
+@dataclass
+class RelaxedLevel:
+    """Algorithm 2 at one drafted level for a group (flat indices are into the children of the decided
+    beams, parent position x T + code)."""
+
+    accept: Tensor  # [G] at least K drafted sequences kept
+    next_nodes: Tensor  # [G, K] accepted: the kept drafted nodes picked to go on (indices among N)
+    next_flat: Tensor  # [G, K] ... as flat children indices
+    next_real: Tensor  # [G, K] ... False where fewer than K children exist at all
+    final_flat: Tensor  # [G, K] not accepted: the kept sequences, then resampled ones
+    final_real: Tensor  # [G, K]
+
+
+def drafted_distribution(q_lp: Tensor, draft_scores: Tensor, beams: Tensor) -> Tensor:
+    """The draft's log q' over the children of the decided beams [G, w*T]: its processed level log-probs
+    of those parents plus their draft cumulative scores, renormalised over these children only."""
+    rows = beams[..., None].expand(-1, -1, q_lp.shape[-1])
+    lp = q_lp.gather(1, rows) + draft_scores.gather(1, beams)[..., None]
+    return torch.log_softmax(lp.view(lp.shape[0], -1), dim=-1)
+
+
+def relaxed_level(
+    p_log: Tensor,
+    q_log: Tensor,
+    drafted: DraftLevel,
+    drafted_scores: Tensor,
+    beams: Tensor,
+    tsize: int,
+    k: int,
+    gen: torch.Generator,
+) -> RelaxedLevel:
+    """Verify the N drafted sequences [G, N] of one level against the decided beams `beams` [G, w]."""
+    pos_hit = drafted.parent[:, :, None] == beams[:, None, :]  # [G, N, w]: the parent is decided
+    eligible = pos_hit.any(-1) & torch.isfinite(drafted_scores)
+    flat = pos_hit.float().argmax(-1) * tsize + drafted.code  # [G, N]
+    ratio = torch.exp(p_log.gather(1, flat) - q_log.gather(1, flat))
+    keep = eligible & (torch.rand(ratio.shape, generator=gen, device=ratio.device) <= ratio)
+    need = torch.isfinite(p_log).sum(-1).clamp(max=k)  # fewer than K children: all of them
+    accept = keep.sum(-1) >= need
+    # K of the kept at random (the paper's "randomly sample K sequences"), kept in draft order
+    key = torch.where(keep, torch.rand(keep.shape, generator=gen, device=keep.device), -1.0)
+    picked = key.topk(min(k, key.shape[1]), dim=-1).indices.sort(dim=-1).values
+    picked_real = keep.gather(1, picked)
+    if picked.shape[1] < k:  # N < K cannot happen (validated), but a short level is padded
+        pad = k - picked.shape[1]
+        picked = torch.cat([picked, picked[:, :1].expand(-1, pad)], dim=1)
+        picked_real = torch.cat([picked_real, picked_real.new_zeros(picked.shape[0], pad)], dim=1)
+    final_flat, final_real = resample(p_log, q_log, flat, keep, k, gen)
+    return RelaxedLevel(accept, picked, flat.gather(1, picked), picked_real, final_flat, final_real)
+
+
+def sort_beams(codes: Tensor, top: Tensor) -> tuple[Tensor, Tensor]:
+    """Beams [G, K, l] and scores [G, K], best first (an output's order)."""
+    top, order = top.sort(dim=-1, descending=True)
+    return codes.gather(1, order[..., None].expand_as(codes)), top
 
 
 def sample_without_replacement(log_p: Tensor, n: int, gen: torch.Generator) -> tuple[Tensor, Tensor]:
@@ -439,7 +498,7 @@ def sd_step(m, users, codes, scores, t, p, relaxed, codec, processors, gen, time
     committed = codes[users, :, :t] if t else codes.new_zeros(g, 1, 0)
     base = scores[users] if t else scores.new_zeros(g, 1)
     gamma = min(p.gamma, codec.levels - 1 - t)
-    width = k if relaxed else p.draft_beams
+    width = p.draft_beams  # N: beams (strict) or sampled sequences (relaxed) per drafted level
     select = GumbelSelector(gen) if relaxed else select_beams
     choices: list[LevelChoice] = []
     d_base = base.clone()

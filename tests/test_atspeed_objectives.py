@@ -1,0 +1,45 @@
+"""The AtSpeed objectives driver end to end on a small synthetic set: one shared target, drafts per seed,
+strict rows equal to beam search, relaxed rows compared with the target's sampling beam search."""
+
+import pytest
+
+from genrec.workloads.benchmarks import atspeed_objectives
+from genrec.workloads.errors import UserInputError
+
+
+def test_shared_target_strict_and_relaxed(synth_dir, tiny_model_dir, tmp_path):
+    models = tmp_path / "models"
+    argv = [
+        "--data", str(synth_dir), "--models-dir", str(models), "--target", str(tiny_model_dir),
+        "--objectives", "sft", "atspeed_s", "atspeed_r", "--seeds", "1", "2", "--epochs", "1",
+        "--draft-size", "tiny", "--k", "3", "--draft-beams", "6", "--gamma", "2", "--users", "6",
+        "--verification", "strict", "relaxed", "--out", str(tmp_path / "out.json"),
+    ]  # fmt: skip
+    result = atspeed_objectives.main(argv)
+    assert (tmp_path / "out.json").is_file()
+    # one target for both seeds (not trained here), drafts per seed and objective
+    for seed in (1, 2):
+        assert result["training"][seed]["target"]["dir"] == str(tiny_model_dir.resolve())
+    assert len([d for d in models.glob("draft-tiny-*-seed*-*") if d.is_dir()]) == 6  # 3 objectives x 2 seeds
+    teachers = sorted(p.name for p in models.glob("teacher-*.parquet"))
+    assert any(t.startswith("teacher-beam-k10-shared-") for t in teachers)
+    assert sum(t.startswith("teacher-sample-k10-shared-") for t in teachers) == 2  # one per seed
+    strict = [r for r in result["rows"] if r["verification"] == "strict"]
+    relaxed = [r for r in result["rows"] if r["verification"] == "relaxed"]
+    assert len(strict) == len(relaxed) == 6
+    assert all(r["identical_share"] == 1.0 for r in strict)  # strict is lossless for any draft
+    for r in relaxed:
+        assert len(r["per_user_atspeed_recall"]) == len(r["per_user_reference_recall"]) == 6
+        assert 0.0 <= r["atspeed_recall@3"] <= 1.0
+    summary = result["summary"]
+    assert set(summary) == {"k3_n6_strict", "k3_n6_relaxed"}
+    assert "atspeed_s_vs" in summary["k3_n6_strict"]["sft"]  # AtSpeed-S is the strict arm's main
+    assert "atspeed_r_vs" in summary["k3_n6_relaxed"]["sft"]  # ... AtSpeed-R the relaxed one's
+    rec = summary["k3_n6_relaxed"]["atspeed_r"]["recall"]
+    assert len(rec["atspeed_per_seed"]) == 2 and 0 <= rec["users_sign_flip_lower"]["p_value"] <= 1
+
+
+def test_a_missing_shared_target_is_a_clear_error(synth_dir, tmp_path):
+    argv = ["--data", str(synth_dir), "--models-dir", str(tmp_path), "--target", str(tmp_path / "nope")]
+    with pytest.raises(UserInputError, match="no checkpoint there"):
+        atspeed_objectives.main(argv)
