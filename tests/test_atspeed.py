@@ -10,7 +10,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from genrec.workloads.decoding.atspeed import relaxed_level, resample, sample_without_replacement
+from genrec.workloads.decoding.atspeed import (
+    drafted_distribution,
+    relaxed_level,
+    resample,
+    sample_without_replacement,
+)
 from genrec.workloads.decoding.base import DecoderContext, get_decoder, make_params
 from genrec.workloads.decoding.draft_tree import DraftLevel, DraftTree, verify_logits
 from genrec.workloads.errors import UserInputError
@@ -235,6 +240,28 @@ def test_relaxed_level_picks_k_of_the_kept_in_draft_order(seed, n, k):
             assert int(out.final_real[r].sum()) == k  # kept ones plus resampled ones fill K
 
 
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(1, 6), w=st.integers(1, 6), t=st.integers(1, 5))
+def test_q_over_the_decided_beams_is_the_drafted_q_renormalised(seed, n, w, t):
+    """ "decided" normalises the draft's q over the decided beams' children (p's support); "drafted"
+    (the authors' code) keeps q over all N drafted parents' children, so it is never larger there, and
+    the two agree when the decided beams are all the drafted ones."""
+    gen = torch.Generator().manual_seed(seed)
+    q_lp = torch.log_softmax(torch.randn(2, n, t, generator=gen), -1)
+    draft_scores = torch.randn(2, n, generator=gen)
+    beams = torch.stack([torch.randperm(n, generator=gen)[: min(w, n)] for _ in range(2)])
+    decided = drafted_distribution(q_lp, draft_scores, beams, "decided")
+    drafted = drafted_distribution(q_lp, draft_scores, beams, "drafted")
+    torch.testing.assert_close(decided.exp().sum(-1), torch.ones(2))
+    assert bool((drafted <= decided + 1e-5).all())
+    torch.testing.assert_close(decided, torch.log_softmax(drafted, -1))  # renormalising gives decided
+    everyone = torch.arange(n).expand(2, n)
+    torch.testing.assert_close(
+        drafted_distribution(q_lp, draft_scores, everyone, "drafted"),
+        drafted_distribution(q_lp, draft_scores, everyone, "decided"),
+    )
+
+
 def test_resample_keeps_the_accepted_and_never_repeats_them():
     gen = torch.Generator().manual_seed(3)
     p = torch.log_softmax(torch.randn(500, 12, generator=gen), -1)
@@ -289,13 +316,12 @@ def test_relaxed_with_k1_samples_the_target_distribution():
     assert 0 < out_rel.counters["accepted_steps"] <= 2
 
 
-@pytest.mark.parametrize("n", [5, 12])
-def test_relaxed_returns_k_distinct_valid_sequences_with_target_scores(n):
+@pytest.mark.parametrize("n, q_support", [(5, "decided"), (12, "decided"), (12, "drafted")])
+def test_relaxed_returns_k_distinct_valid_sequences_with_target_scores(n, q_support):
     ctx = make_ctx((4, 4, 4), seed=2)
     rel = get_decoder("atspeed_relaxed")
-    res = rel.decode(
-        ctx, [[0], [1, 2]], make_params(rel, {"beam_width": 5, "k": 5, "draft_beams": n, "constraint": "all"})
-    )
+    params = {"beam_width": 5, "k": 5, "draft_beams": n, "constraint": "all", "q_support": q_support}
+    res = rel.decode(ctx, [[0], [1, 2]], make_params(rel, params))
     for b in range(2):
         rows = [tuple(c) for c in res.codes[b].tolist()]
         assert len(set(rows)) == 5 and bool(res.valid[b].all())
@@ -312,6 +338,8 @@ def test_atspeed_needs_a_draft_and_valid_params():
         make_params(at, {"beam_width": 10, "k": 10, "draft_beams": 5})
     with pytest.raises(UserInputError, match="gamma"):
         make_params(at, {"gamma": 0})
+    with pytest.raises(UserInputError, match="q_support"):
+        make_params(at, {"q_support": "everything"})
 
 
 def test_cli_eval_prints_beam_search_metrics_for_atspeed_strict(tiny_model_dir, tmp_path):

@@ -39,6 +39,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--draft-beams", type=int, nargs="+", default=[10, 20, 40], help="N values (>= K)")
     p.add_argument("--gamma", type=int, default=3)
     p.add_argument("--relaxed", action="store_true", help="also time atspeed_relaxed")
+    p.add_argument(
+        "--q-support",
+        nargs="+",
+        choices=["decided", "drafted"],
+        default=["decided"],
+        help="relaxed: q over the decided beams' children (decided) and/or as the authors' code (drafted)",
+    )
     p.add_argument("--users", type=int, default=64)
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--repeats", type=int, default=3)
@@ -60,7 +67,12 @@ def arms(args: argparse.Namespace) -> dict[str, tuple[str, dict]]:
     if args.relaxed:  # relaxed's reference: the target's sampling beam search (temperature 1)
         out["beam_sample"] = ("beam_sample", {**base, "seed": 0})
         for n in args.draft_beams:
-            out[f"relaxed_N{n}"] = ("atspeed_relaxed", {**base, "draft_beams": n, "gamma": args.gamma})
+            for q in args.q_support:
+                name = f"relaxed_N{n}" + ("" if q == "decided" else f"_{q}")
+                out[name] = (
+                    "atspeed_relaxed",
+                    {**base, "draft_beams": n, "gamma": args.gamma, "q_support": q},
+                )
     return out
 
 

@@ -53,6 +53,7 @@ from genrec.workloads.models.transformer import GRTransformer, KVCache
 from genrec.workloads.sid_codec import SIDCodec
 
 NEG_INF = float("-inf")
+Q_SUPPORTS = ("decided", "drafted")
 
 
 @dataclass(frozen=True)
@@ -63,11 +64,17 @@ class AtSpeedParams(BeamParams):
     gamma: int = 3  # levels drafted per SD step
     tree_attention: bool = True  # False: verify each drafted level in its own target call (w/o TA)
     seed: int = 0  # relaxed: the accept / resample randomness of one decode call
+    # relaxed: the draft distribution q the p/q test uses. "decided": renormalised over the children of
+    # the decided beams, the support p has (correct); "drafted": over the children of all N drafted
+    # beams, unnormalised there (the authors' code: it accepts more and follows the draft more)
+    q_support: str = "decided"
 
     def validate(self) -> None:
         super().validate()
         if self.gamma < 1:
             raise UserInputError(f"`gamma` must be >= 1, got {self.gamma}")
+        if self.q_support not in Q_SUPPORTS:
+            raise UserInputError(f"`q_support` must be one of {list(Q_SUPPORTS)}, got {self.q_support!r}")
         if self.draft_beams < self.beam_width:
             raise UserInputError(
                 f"`draft_beams` (N = {self.draft_beams}) must be >= beam_width (K = {self.beam_width}): "
@@ -279,6 +286,7 @@ def verify_relaxed(
     codec: SIDCodec,
     processors: list[LevelProcessor],
     gen: torch.Generator,
+    q_support: str = "decided",
 ) -> StepOutcome:
     """Algorithm 2 for a group: of the N drafted sequences of a level, those whose parent is among the K
     decided beams are kept with probability min(1, p/q'); at least K kept accept the level (K of them
@@ -305,7 +313,7 @@ def verify_relaxed(
             codes = extend_codes(codes, chosen // tsize, chosen % tsize)
             out.settle(active, torch.zeros_like(active), *sort_beams(codes, top), level)
             break
-        q_log = drafted_distribution(choices[j].log_probs, draft_scores, beams)
+        q_log = drafted_distribution(choices[j].log_probs, draft_scores, beams, q_support)
         level_out = relaxed_level(p_log, q_log, tree.levels[j], choices[j].scores, beams, tsize, k, gen)
         out.count(active, level_out.accept)
         chosen = torch.where(level_out.accept[:, None], level_out.next_flat, level_out.final_flat)
@@ -336,12 +344,20 @@ class RelaxedLevel:
     final_real: Tensor  # [G, K]
 
 
-def drafted_distribution(q_lp: Tensor, draft_scores: Tensor, beams: Tensor) -> Tensor:
-    """The draft's log q' over the children of the decided beams [G, w*T]: its processed level log-probs
-    of those parents plus their draft cumulative scores, renormalised over these children only."""
+def drafted_distribution(
+    q_lp: Tensor, draft_scores: Tensor, beams: Tensor, support: str = "decided"
+) -> Tensor:
+    """The draft's log q over the children of the decided beams [G, w*T]: its processed level log-probs
+    of those parents plus their draft cumulative scores, normalised over these children only
+    ("decided"), or over the children of every drafted parent row ("drafted", the authors' code)."""
+    g = q_lp.shape[0]
     rows = beams[..., None].expand(-1, -1, q_lp.shape[-1])
+    if support == "drafted":
+        parents = draft_scores.shape[1]
+        full = torch.log_softmax((q_lp[:, :parents] + draft_scores[..., None]).reshape(g, -1), dim=-1)
+        return full.view(g, parents, -1).gather(1, rows).view(g, -1)
     lp = q_lp.gather(1, rows) + draft_scores.gather(1, beams)[..., None]
-    return torch.log_softmax(lp.view(lp.shape[0], -1), dim=-1)
+    return torch.log_softmax(lp.view(g, -1), dim=-1)
 
 
 def relaxed_level(
@@ -518,7 +534,7 @@ def sd_step(m, users, codes, scores, t, p, relaxed, codec, processors, gen, time
         count.target_calls += calls
         if relaxed:
             return verify_relaxed(
-                m, users, tree, choices, tree_logits, base, d_base, k, codec, processors, gen
+                m, users, tree, choices, tree_logits, base, d_base, k, codec, processors, gen, p.q_support
             )
         return verify_strict(m, users, tree, choices, tree_logits, base, k, codec, processors)
 
