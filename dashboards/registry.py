@@ -3,8 +3,10 @@
 A row's kind is read from the rows themselves, in this order: a `kind` column naming a registered page
 kind (load tests write `kind = loadtest`), else the `benchmark` column (the page that claims that
 benchmark, or the generic benchmark-lines page), else `decoders` (rows of `genrec eval` and decoder
-sweeps). An experiment's kind is the kind of most of its rows. A new page registers a `PageKind`
-with `register_page`; `build_report` and the index page look kinds up here and nowhere else.
+sweeps). An experiment's kind is the kind of most of its rows; its page draws only those, and rows of
+other kinds are named in a warning (stderr and the page's headline), not dropped silently. A new page
+registers a `PageKind` with `register_page`; `build_report` and the index page look kinds up here and
+nowhere else.
 
 Builders import their modules lazily: the NEZHA and AtSpeed pages read their benchmarks' definitions,
 which a load-test page does not need.
@@ -12,16 +14,18 @@ which a load-test page does not need.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pandas as pd
 
-from genrec.dashboards.page import PageContext, ReportOptions
+from genrec.dashboards.page import PageContext, ReportOptions, esc, note
 
 DECODERS = "decoders"
 BENCHMARK = "benchmark"
+SHOWN_RUN_IDS = 5  # left-out rows a warning names by run id; the rest are counted
 # builder(rows, out, title, options, context) -> the written page
 Builder = Callable[[pd.DataFrame, Path, str, ReportOptions, PageContext], Path]
 
@@ -140,10 +144,43 @@ def build_page(
     context: PageContext,
     experiment: str | None = None,
 ) -> tuple[str, Path]:
-    """Build the page of the rows' kind from the rows of that kind; (kind, path)."""
+    """Build the page of the rows' kind from the rows of that kind; (kind, path). Rows of other
+    kinds are left out with a warning on stderr and on the page."""
     name = experiment_kind(df)
     kind = PAGES[name]
-    rows = df[row_kinds(df) == name].reset_index(drop=True)
+    kinds = row_kinds(df)
+    rows = df[kinds == name].reset_index(drop=True)
     if not context.headline:
         context = replace(context, headline=page_headline(name, rows, options))
+    warning = mixed_kinds_warning(experiment, df, kinds, name)
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
+        context = replace(
+            context, headline=context.headline + note(f"<strong>Warning:</strong> {esc(warning)}")
+        )
     return name, kind.build(rows, Path(out), title or kind.title(experiment), options, context)
+
+
+def _rows(n: int) -> str:
+    return f"{n} row" if n == 1 else f"{n} rows"
+
+
+def mixed_kinds_warning(experiment: str | None, df: pd.DataFrame, kinds: pd.Series, drawn: str) -> str:
+    """'' when every row is of the `drawn` kind; else one line naming the experiment, each kind's row
+    count, the rows the page leaves out (by run id) and how to report them."""
+    left_out = df[kinds != drawn]
+    if left_out.empty:
+        return ""
+    counts = kinds.value_counts()
+    mix = ", ".join(f"{k}: {_rows(n)}" for k, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+    which = ""
+    if "run_id" in left_out.columns:
+        ids = left_out["run_id"].astype(str).tolist()
+        more = f" and {len(ids) - SHOWN_RUN_IDS} more" if len(ids) > SHOWN_RUN_IDS else ""
+        which = f" (run ids {', '.join(ids[:SHOWN_RUN_IDS])}{more})"
+    return (
+        f"experiment {experiment or '(unnamed)'!r} mixes result kinds ({mix}); its {PAGES[drawn].label} "
+        f"page draws its {_rows(counts[drawn])} of kind {drawn} and leaves out "
+        f"{_rows(len(left_out))} of other kinds{which}. Write each kind of result under its own "
+        "experiment name to report them all."
+    )

@@ -30,7 +30,8 @@ from genrec.workloads.results_store import read_rows
 # A sweep is one parent run (kind 'sweep') with one child run per trial (MLflow's own
 # `mlflow.parentRunId` tag, which the UI shows as an expandable row). The parent is opened when the
 # sweep starts, so trials logged while it runs are nested at once, and finished with the sweep's
-# summary, its best trial and its artifacts.
+# summary, its best trial and its artifacts. An interrupted sweep (Ctrl-C) ends it KILLED; `--resume`
+# reopens the same run RUNNING.
 
 KIND_TAG = "genrec.kind"  # "trial" (one per result row) or "sweep" (one per experiment)
 RUN_ID_TAG = "genrec.run_id"
@@ -326,6 +327,15 @@ class MlflowStore:
         for key, value in tags.items():
             self.client.set_tag(run.info.run_id, key, value)
         return run.info.run_id
+
+    def kill_sweep(self) -> str | None:
+        """End the sweep's parent run KILLED (Ctrl-C stopped the sweep), so it does not stay RUNNING
+        as if a driver still wrote to it; `--resume` reopens it RUNNING (open_sweep). Returns its id,
+        or None when no parent run was opened yet."""
+        if self.parent_run_id is None:
+            return None
+        self.client.set_terminated(self.parent_run_id, "KILLED")
+        return self.parent_run_id
 
     def _new_sweep_run(self, tags: dict[str, str], start_ms: int | None = None) -> str:
         run = self.client.create_run(

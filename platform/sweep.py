@@ -45,6 +45,8 @@ import math
 import os
 import shutil
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -353,6 +355,19 @@ class _TuneInterruptWatch(logging.Filter):
         return True
 
 
+@contextmanager
+def killed_when_interrupted(store: MlflowStore | None) -> Iterator[None]:
+    """Ctrl-C (Tune's caught SIGINT, or a KeyboardInterrupt) ends the sweep's MLflow parent run
+    KILLED instead of leaving it RUNNING; the exception goes on, so the CLI still exits 130 with the
+    resume command. Any other error leaves the run as it was (a crash looks like a killed driver)."""
+    try:
+        yield
+    except (KeyboardInterrupt, SweepInterrupted):
+        if store is not None:
+            store.kill_sweep()
+        raise
+
+
 def preflight(cfg: ExperimentConfig, ray_address: str | None = None) -> None:
     """Load the checkpoint, the dataset and the draft once in the driver, on the CPU, before Ray
     starts: a corrupt or mismatched file fails here with one message naming it, not in every trial."""
@@ -408,109 +423,112 @@ def _run_sweep_locked(
     store = None
     if cfg.tracking.mlflow:  # the store, the experiment and the sweep's run exist before any trial starts
         store = MlflowStore(cfg.mlflow_uri, cfg.name, cfg.artifact_location, description=cfg.description)
-        if overwrite:
-            store.delete_all()
-        file_tag = {"genrec.experiment_file": str(cfg.source or "")}
-        store.open_sweep(run_naming(cfg), resume=restore, tags=file_tag)  # --resume: the same run
-        store.sync_from_parquet(cfg.results_dir)
-        summary.mlflow_uri, summary.mlflow_experiment_id = cfg.mlflow_uri, store.experiment_id
-    device = cfg.eval.device if cfg.eval.device != "auto" else ("cuda" if gpu else "cpu")
-    trial_fn = run_trial if cfg.benchmark is None else run_benchmark_trial  # benchmark: no model or data
-    trainable = tune.with_resources(trial_fn, {"cpu": cpu, "gpu": gpu})
+    # from here a Ctrl-C ends the sweep's MLflow run KILLED (it was opened RUNNING)
+    with killed_when_interrupted(store):
+        if store is not None:
+            if overwrite:
+                store.delete_all()
+            file_tag = {"genrec.experiment_file": str(cfg.source or "")}
+            store.open_sweep(run_naming(cfg), resume=restore, tags=file_tag)  # --resume: the same run
+            store.sync_from_parquet(cfg.results_dir)
+            summary.mlflow_uri, summary.mlflow_experiment_id = cfg.mlflow_uri, store.experiment_id
+        device = cfg.eval.device if cfg.eval.device != "auto" else ("cuda" if gpu else "cpu")
+        trial_fn = run_trial if cfg.benchmark is None else run_benchmark_trial  # benchmark: no model or data
+        trainable = tune.with_resources(trial_fn, {"cpu": cpu, "gpu": gpu})
 
-    os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "2")  # save Tune's experiment state often
-    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # with verbose=0: no Tune tables; we print rows
-    exp_dir = cfg.storage_path / cfg.name
-    if restore:
-        # Tune re-reads per-trial result files it is not configured to keep; its warning is noise
-        logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
-        tuner = tune.Tuner.restore(
-            str(exp_dir), trainable=trainable, resume_unfinished=True, resume_errored=True
-        )
-    else:
-        exp_dir.mkdir(parents=True, exist_ok=True)
-        (exp_dir / FINGERPRINT_FILE).write_text(cfg.fingerprint())
-        tuner = tune.Tuner(
-            trainable,
-            param_space=param_space(cfg, cpu, device),
-            tune_config=tune.TuneConfig(
-                metric=cfg.metric,
-                mode=cfg.mode,
-                num_samples=cfg.num_samples,
-                max_concurrent_trials=cfg.max_concurrent or None,
-                reuse_actors=True,
-            ),
-            run_config=tune.RunConfig(
-                name=cfg.name,
-                storage_path=str(cfg.storage_path),
-                failure_config=tune.FailureConfig(max_failures=cfg.max_failures),
-                callbacks=make_callbacks(cfg, progress),
-                verbose=0,
-            ),
-        )
-    cpu_slots = math.floor(cluster.get("CPU", 0) / cpu + 1e-9)
-    gpu_slots = math.floor(cluster.get("GPU", 0) / gpu + 1e-9) if gpu else cpu_slots
-    to_run = max(1, summary.trials_total - len(rows_before))
-    summary.slots = max(1, min(cpu_slots, gpu_slots, cfg.max_concurrent or cpu_slots, to_run))
-    if progress:
-        print(
-            f"sweep {cfg.name}: {summary.trials_total} trials ({len(rows_before)} already done), "
-            f"{cpu:g} CPU / {gpu:g} GPU per trial, up to {summary.slots} at once",
-            flush=True,
-        )
-
-    watch = _TuneInterruptWatch()
-    tune_log = logging.getLogger("ray.tune.tune")
-    tune_log.addFilter(watch)
-    try:
-        results = tuner.fit()
-    finally:
-        tune_log.removeFilter(watch)
-    if watch.interrupted:
-        raise SweepInterrupted(cfg.name)
-
-    rows = {r["run_id"]: r for r in read_rows(cfg.results_dir, cfg.name)}
-    for result in results:
-        if result.error is not None:
-            summary.trials_failed += 1
-    summary.trials_done = len(rows)
-    for run_id, row in rows.items():
-        if run_id in rows_before or row.get("trial_started_at", 0) < wall_clock_start:
-            summary.trials_reused += 1
+        os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "2")  # save Tune's experiment state often
+        os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # with verbose=0: no Tune tables; we print rows
+        exp_dir = cfg.storage_path / cfg.name
+        if restore:
+            # Tune re-reads per-trial result files it is not configured to keep; its warning is noise
+            logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
+            tuner = tune.Tuner.restore(
+                str(exp_dir), trainable=trainable, resume_unfinished=True, resume_errored=True
+            )
         else:
-            summary.trials_ran += 1
-            summary.trial_s_sum += float(row.get("trial_wall_s", 0.0))
-    if rows:
-        summary.best = best_configuration(list(rows.values()), cfg.metric, cfg.mode)
-    summary.parquet_dir = parquet_root(cfg.results_dir) / f"experiment={cfg.name}"
-    if store is not None:
-        store.sync_from_parquet(cfg.results_dir)  # repairs anything a callback could not write
-    summary.wall_s = time.perf_counter() - t_start
+            exp_dir.mkdir(parents=True, exist_ok=True)
+            (exp_dir / FINGERPRINT_FILE).write_text(cfg.fingerprint())
+            tuner = tune.Tuner(
+                trainable,
+                param_space=param_space(cfg, cpu, device),
+                tune_config=tune.TuneConfig(
+                    metric=cfg.metric,
+                    mode=cfg.mode,
+                    num_samples=cfg.num_samples,
+                    max_concurrent_trials=cfg.max_concurrent or None,
+                    reuse_actors=True,
+                ),
+                run_config=tune.RunConfig(
+                    name=cfg.name,
+                    storage_path=str(cfg.storage_path),
+                    failure_config=tune.FailureConfig(max_failures=cfg.max_failures),
+                    callbacks=make_callbacks(cfg, progress),
+                    verbose=0,
+                ),
+            )
+        cpu_slots = math.floor(cluster.get("CPU", 0) / cpu + 1e-9)
+        gpu_slots = math.floor(cluster.get("GPU", 0) / gpu + 1e-9) if gpu else cpu_slots
+        to_run = max(1, summary.trials_total - len(rows_before))
+        summary.slots = max(1, min(cpu_slots, gpu_slots, cfg.max_concurrent or cpu_slots, to_run))
+        if progress:
+            print(
+                f"sweep {cfg.name}: {summary.trials_total} trials ({len(rows_before)} already done), "
+                f"{cpu:g} CPU / {gpu:g} GPU per trial, up to {summary.slots} at once",
+                flush=True,
+            )
 
-    report = build_report_hook(cfg, summary) if cfg.tracking.report else None
-    summary.report = report
-    if store is not None:
-        store.log_sweep(
-            metrics={
-                "trials_done": summary.trials_done,
-                "trials_failed": summary.trials_failed,
-                "wall_s": summary.wall_s,
-                "trial_s_sum": summary.trial_s_sum,
-                "own_time_ratio": summary.own_time_ratio,
-            },
-            params={
-                "decoder": cfg.decoder,
-                "trials": summary.trials_total,
-                "metric": cfg.metric,
-                "mode": cfg.mode,
-                "cpu_per_trial": cpu,
-                "gpu_per_trial": gpu,
-            },
-            artifacts=[p for p in (cfg.source, report and standalone_report(cfg)) if p is not None],
-            best=best_trial_row(list(rows.values()), cfg.metric, cfg.mode, summary.best),
-            metric=cfg.metric,
-        )
-    return summary
+        watch = _TuneInterruptWatch()
+        tune_log = logging.getLogger("ray.tune.tune")
+        tune_log.addFilter(watch)
+        try:
+            results = tuner.fit()
+        finally:
+            tune_log.removeFilter(watch)
+        if watch.interrupted:
+            raise SweepInterrupted(cfg.name)
+
+        rows = {r["run_id"]: r for r in read_rows(cfg.results_dir, cfg.name)}
+        for result in results:
+            if result.error is not None:
+                summary.trials_failed += 1
+        summary.trials_done = len(rows)
+        for run_id, row in rows.items():
+            if run_id in rows_before or row.get("trial_started_at", 0) < wall_clock_start:
+                summary.trials_reused += 1
+            else:
+                summary.trials_ran += 1
+                summary.trial_s_sum += float(row.get("trial_wall_s", 0.0))
+        if rows:
+            summary.best = best_configuration(list(rows.values()), cfg.metric, cfg.mode)
+        summary.parquet_dir = parquet_root(cfg.results_dir) / f"experiment={cfg.name}"
+        if store is not None:
+            store.sync_from_parquet(cfg.results_dir)  # repairs anything a callback could not write
+        summary.wall_s = time.perf_counter() - t_start
+
+        report = build_report_hook(cfg, summary) if cfg.tracking.report else None
+        summary.report = report
+        if store is not None:
+            store.log_sweep(
+                metrics={
+                    "trials_done": summary.trials_done,
+                    "trials_failed": summary.trials_failed,
+                    "wall_s": summary.wall_s,
+                    "trial_s_sum": summary.trial_s_sum,
+                    "own_time_ratio": summary.own_time_ratio,
+                },
+                params={
+                    "decoder": cfg.decoder,
+                    "trials": summary.trials_total,
+                    "metric": cfg.metric,
+                    "mode": cfg.mode,
+                    "cpu_per_trial": cpu,
+                    "gpu_per_trial": gpu,
+                },
+                artifacts=[p for p in (cfg.source, report and standalone_report(cfg)) if p is not None],
+                best=best_trial_row(list(rows.values()), cfg.metric, cfg.mode, summary.best),
+                metric=cfg.metric,
+            )
+        return summary
 
 
 def best_configuration(rows: list[dict], metric: str, mode: str) -> dict[str, Any]:

@@ -331,3 +331,12 @@ def test_redirected_train_and_eval_logs_hold_no_bar_redraws(synth_dir, tmp_path)
     done = subprocess.run(ev, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "\r" not in done.stderr + done.stdout and "recall" in done.stdout.lower()
+
+
+def test_train_quiet_prints_only_the_summary_line(synth_dir, tmp_path, capsys):
+    """--quiet drops the per-epoch lines (tqdm.write goes to stdout); the one-line summary stays."""
+    argv = ["train", "--data", str(synth_dir), "--out", str(tmp_path / "m"), "--epochs", "1"]
+    assert run_cli([*argv, "--max-steps", "2", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert not [line for line in out.splitlines() if line.startswith("epoch ")], out
+    assert out.count("trained tiny: best val loss") == 1, out

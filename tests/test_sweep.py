@@ -5,6 +5,7 @@ killed mid-sweep and resumed, and ray_cluster.yaml checked with Ray's own schema
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -160,6 +161,68 @@ def test_killed_sweep_resumes_with_every_trial_exactly_once(ray_session, synth_d
     assert all(r.info.status == "FINISHED" for r in runs)
     # one sweep run, opened by the killed driver and reused by the resumed one, holds every trial
     assert len({r.data.tags["mlflow.parentRunId"] for r in runs}) == 1
+
+
+class FakeTuner:
+    """Stands in for tune.Tuner (no Ray): `fit` is interrupted as `interrupt` says, or returns no results."""
+
+    interrupt: str | None = None
+
+    def __init__(self, *args, **kwargs) -> None:
+        pass
+
+    @classmethod
+    def restore(cls, *args, **kwargs) -> FakeTuner:
+        return cls()
+
+    def fit(self) -> list:
+        if self.interrupt == "tune":  # Tune's first SIGINT: it logs, saves its state and returns
+            logging.getLogger("ray.tune.tune").warning("Stop signal received (e.g. via SIGINT/Ctrl+C)")
+        elif self.interrupt == "keyboard":  # a second Ctrl-C, or one outside Tune's handler
+            raise KeyboardInterrupt
+        return []
+
+
+@pytest.mark.parametrize("interrupt", ["tune", "keyboard"])
+def test_ctrl_c_ends_the_sweeps_mlflow_run_killed_and_resume_finishes_it(interrupt, tmp_path, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    from genrec.platform import sweep
+    from genrec.platform.experiment import ExperimentConfig
+
+    cfg = ExperimentConfig.model_validate(
+        {
+            "name": "ctrl_c",
+            "dataset": {"path": str(tmp_path)},
+            "model": {"checkpoint": str(tmp_path)},
+            "decoder": "beam",
+            "params": {"k": 10},
+            "search_space": {"beam_width": {"grid": [10, 20]}},
+            "resources": {"cpu": 1, "gpu": 0},
+            "tracking": {"results_dir": str(tmp_path / "results"), "report": False},
+        }
+    )
+    for name in ("ensure_model", "preflight", "init_ray"):
+        monkeypatch.setattr(sweep, name, lambda *args, **kwargs: None)
+    monkeypatch.setattr(sweep, "plan_storage", lambda cfg, resume, overwrite: resume)
+    monkeypatch.setattr(sweep.ray, "cluster_resources", lambda: {"CPU": 2.0})
+    monkeypatch.setattr(sweep.tune, "Tuner", FakeTuner)
+    monkeypatch.setattr(FakeTuner, "interrupt", interrupt)
+
+    def sweep_runs() -> list:
+        client = MlflowClient(cfg.mlflow_uri)
+        exp = client.get_experiment_by_name(cfg.name)
+        return client.search_runs([exp.experiment_id], f"tags.`{KIND_TAG}` = 'sweep'")
+
+    with pytest.raises((sweep.SweepInterrupted, KeyboardInterrupt)):
+        sweep.run_sweep(cfg, progress=False)
+    (killed,) = sweep_runs()
+    assert killed.info.status == "KILLED"
+
+    monkeypatch.setattr(FakeTuner, "interrupt", None)
+    assert sweep.run_sweep(cfg, resume=True, progress=False).resumed
+    (finished,) = sweep_runs()
+    assert finished.info.run_id == killed.info.run_id and finished.info.status == "FINISHED"
 
 
 def test_ray_cluster_yaml_passes_rays_schema_check():

@@ -199,6 +199,22 @@ def test_a_sweep_is_a_parent_run_with_named_nested_trials_and_its_best(mlflow_ro
     assert [r.info.run_id for r in fresh.runs("sweep")] == [fresh.parent_run_id]
 
 
+def test_an_interrupted_sweep_ends_its_run_killed_and_resume_reopens_it(mlflow_root):
+    naming = RunNaming({"beam": ("beam_width",)})
+    s = store(mlflow_root, "ctrl_c")
+    assert s.kill_sweep() is None  # Ctrl-C before the parent run was opened: nothing to end
+    parent = s.open_sweep(naming)
+    assert s.kill_sweep() == parent
+    killed = s.client.get_run(parent)
+    assert killed.info.status == "KILLED" and killed.info.end_time >= killed.info.start_time
+
+    again = store(mlflow_root, "ctrl_c")  # --resume: the same run, RUNNING, then FINISHED
+    assert again.open_sweep(naming, resume=True) == parent
+    assert again.client.get_run(parent).info.status == "RUNNING"
+    again.log_sweep({"trials_done": 0}, {"metric": "recall@10"}, [])
+    assert again.client.get_run(parent).info.status == "FINISHED" and len(again.runs("sweep")) == 1
+
+
 def test_sync_from_parquet_nests_and_names_runs_it_repairs_and_keeps(mlflow_root, tmp_path):
     from mlflow.entities import RunTag
 

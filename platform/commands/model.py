@@ -70,7 +70,9 @@ def train_command(
     top1: Annotated[
         bool, typer.Option("--top1", help="Ablation w/o top-K: align on the teacher's top-1 SID only.")
     ] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", help="No progress bar or per-epoch lines; the summary still prints.")
+    ] = False,
     overwrite: Annotated[
         bool, typer.Option("--overwrite", help="Replace --out if it already holds a checkpoint.")
     ] = False,

@@ -289,6 +289,9 @@ def train(
         unit="step",
         dynamic_ncols=True,
     )
+    # progress=False (`genrec train --quiet`, a quiet sweep) also silences the per-epoch lines;
+    # progress=True keeps them even where the bar is off (a redirected log still records them)
+    log = bar.write if progress else (lambda line: None)
     epoch = 0
     for epoch in range(1, cfg.epochs + 1):
         running, count = 0.0, 0
@@ -326,7 +329,7 @@ def train(
             val, record["val_level_loss"] = objective.val_losses(cfg.batch_size)
         history.append(record | {"val_loss": val, "step": step})
         blind = f" (history-blind {meta['history_blind_val_loss']:.4f})" if objective is not None else ""
-        bar.write(f"epoch {epoch}: train loss {running / max(count, 1):.4f}  val loss {val:.4f}{blind}")
+        log(f"epoch {epoch}: train loss {running / max(count, 1):.4f}  val loss {val:.4f}{blind}")
         if val < best[0] - 1e-4:
             best, bad_epochs = (val, epoch), 0
             meta.update(best_val_loss=val, best_epoch=epoch, history=history)
@@ -335,7 +338,7 @@ def train(
         else:
             bad_epochs += 1
             if bad_epochs >= cfg.patience:
-                bar.write(f"early stop: no validation improvement for {cfg.patience} epochs")
+                log(f"early stop: no validation improvement for {cfg.patience} epochs")
                 break
         if cfg.max_steps and step >= cfg.max_steps:
             break
