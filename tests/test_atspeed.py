@@ -10,14 +10,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from genrec.workloads.decoding.atspeed import (
+from genrec.workloads.decoding.base import DecoderContext, get_decoder, make_params
+from genrec.workloads.decoding.draft_tree import DraftLevel, DraftTree, verify_logits
+from genrec.workloads.decoding.relaxed_sampling import (
     drafted_distribution,
     relaxed_level,
     resample,
     sample_without_replacement,
 )
-from genrec.workloads.decoding.base import DecoderContext, get_decoder, make_params
-from genrec.workloads.decoding.draft_tree import DraftLevel, DraftTree, verify_logits
 from genrec.workloads.errors import UserInputError
 from genrec.workloads.models.transformer import GRTransformer, ModelConfig
 from genrec.workloads.sid_codec import SIDCodec
