@@ -5,13 +5,13 @@ files load and validate without Ray."""
 from __future__ import annotations
 
 import statistics
-from html.parser import HTMLParser
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 from conftest import REPO
+from html_tables import TableCells
 
 from genrec.dashboards.atspeed import build_atspeed_report, is_atspeed_frame
 
@@ -92,37 +92,22 @@ def fake_rows(curves: bool = True) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-class Sections(HTMLParser):
+class Sections(TableCells):
     """Cell texts of every table, by the id of the <section> holding it."""
 
     def __init__(self) -> None:
         super().__init__()
         self.tables: dict[str, list[list[list[str]]]] = {}
         self.section = ""
-        self.row: list[str] | None = None
-        self.cell: list[str] | None = None
 
-    def handle_starttag(self, tag, attrs):
+    def open(self, tag, attrs):
         if tag == "section":
-            self.section = dict(attrs)["id"]
+            self.section = attrs["id"]
         elif tag == "table":
             self.tables.setdefault(self.section, []).append([])
-        elif tag == "tr":
-            self.row = []
-        elif tag in ("td", "th") and self.row is not None:
-            self.cell = []
 
-    def handle_endtag(self, tag):
-        if tag in ("td", "th") and self.cell is not None:
-            self.row.append("".join(self.cell).strip())
-            self.cell = None
-        elif tag == "tr" and self.row is not None:
-            self.tables[self.section][-1].append(self.row)
-            self.row = None
-
-    def handle_data(self, data):
-        if self.cell is not None:
-            self.cell.append(data)
+    def add_row(self, row):
+        self.tables[self.section][-1].append(row)
 
 
 def parse(html: str) -> dict[str, list[list[list[str]]]]:

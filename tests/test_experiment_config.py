@@ -7,8 +7,8 @@ import copy
 from pathlib import Path
 
 import pytest
-import yaml
 from conftest import REPO, run_cli
+from experiment_files import beam_sweep, write_experiment
 
 from genrec.platform.experiment import experiment_from_dict, load_experiment
 from genrec.workloads.errors import UserInputError
@@ -16,23 +16,12 @@ from genrec.workloads.errors import UserInputError
 
 @pytest.fixture
 def base(synth_dir, tiny_model_dir, tmp_path) -> dict:
-    return {
-        "name": "bw",
-        "dataset": {"path": str(synth_dir)},
-        "model": {"checkpoint": str(tiny_model_dir)},
-        "decoder": "beam",
-        "params": {"k": 10},
-        "search_space": {"beam_width": {"grid": [10, 20]}},
-        "seeds": [0, 1],
-        "eval": {"ks": [5, 10], "max_users": 20},
-        "tracking": {"results_dir": str(tmp_path / "results")},
-    }
+    raw = beam_sweep("bw", synth_dir, tiny_model_dir, tmp_path / "results", k=10, widths=[10, 20])
+    return raw | {"seeds": [0, 1], "eval": {"ks": [5, 10], "max_users": 20}}
 
 
 def write(tmp_path: Path, raw: dict) -> Path:
-    path = tmp_path / "exp.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    return path
+    return write_experiment(tmp_path / "exp.yaml", raw)
 
 
 def test_valid_file_loads_typed_and_expands_the_grid(base, tmp_path):
@@ -56,8 +45,7 @@ def test_relative_paths_resolve_against_the_current_directory(base, tmp_path, mo
     raw["dataset"]["path"] = "data"
     raw["tracking"] = {"results_dir": "out/results", "storage_path": "out/tune"}
     (tmp_path / "experiments").mkdir()
-    path = tmp_path / "experiments" / "x.yaml"
-    path.write_text(yaml.safe_dump(raw))
+    path = write_experiment(tmp_path / "experiments" / "x.yaml", raw)
     monkeypatch.chdir(tmp_path)
     cfg = load_experiment("experiments/x.yaml")
     assert cfg.dataset.path == synth_dir.resolve()  # absolute, against cwd (not the YAML's folder)

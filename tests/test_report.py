@@ -5,10 +5,10 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-from html.parser import HTMLParser
 
 import pandas as pd
 import pytest
+from html_tables import TableCells
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -92,38 +92,28 @@ def expected_means() -> dict[tuple[str, str], dict[str, float]]:
     return out
 
 
-class Tables(HTMLParser):
+class Tables(TableCells):
     """Cell texts of every <table class=...> in a page, by class."""
 
     def __init__(self) -> None:
         super().__init__()
         self.tables: dict[str, list[list[str]]] = {}
         self.current: str | None = None
-        self.row: list[str] | None = None
-        self.cell: list[str] | None = None
 
-    def handle_starttag(self, tag, attrs):
+    def in_table(self) -> bool:
+        return self.current is not None
+
+    def open(self, tag, attrs):
         if tag == "table":
-            self.current = dict(attrs).get("class", "")
+            self.current = attrs.get("class", "")
             self.tables[self.current] = []
-        elif tag == "tr" and self.current is not None:
-            self.row = []
-        elif tag in ("td", "th") and self.row is not None:
-            self.cell = []
 
-    def handle_endtag(self, tag):
-        if tag in ("td", "th") and self.cell is not None:
-            self.row.append("".join(self.cell).strip())
-            self.cell = None
-        elif tag == "tr" and self.row is not None:
-            self.tables[self.current].append(self.row)
-            self.row = None
-        elif tag == "table":
+    def close(self, tag):
+        if tag == "table":
             self.current = None
 
-    def handle_data(self, data):
-        if self.cell is not None:
-            self.cell.append(data)
+    def add_row(self, row):
+        self.tables[self.current].append(row)
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import REPO, run_cli
+from experiment_files import cpu_sweep, write_experiment
 
 from genrec.platform.mlflow_store import KIND_TAG, RUN_ID_TAG
 from genrec.platform.tracking import read_results, read_rows
@@ -25,20 +26,9 @@ mlflow = pytest.importorskip("mlflow")
 
 
 def experiment(tmp_path: Path, synth_dir, tiny_model_dir, name: str, widths: list[int], users: int) -> Path:
-    raw = {
-        "name": name,
-        "dataset": {"path": str(synth_dir)},
-        "model": {"checkpoint": str(tiny_model_dir)},
-        "decoder": "beam",
-        "params": {"k": 10},
-        "search_space": {"beam_width": {"grid": widths}},
-        "eval": {"ks": [5, 10], "max_users": users, "batch_size": 50, "threads": 1},
-        "resources": {"cpu": 1, "gpu": 0},
-        "tracking": {"results_dir": str(tmp_path / "results"), "report": False},
-    }
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    return path
+    raw = cpu_sweep(name, synth_dir, tiny_model_dir, tmp_path / "results", k=10, widths=widths)
+    raw["eval"] = {"ks": [5, 10], "max_users": users, "batch_size": 50, "threads": 1}
+    return write_experiment(tmp_path / f"{name}.yaml", raw)
 
 
 def trial_runs(results_dir: Path, name: str) -> list:
@@ -190,18 +180,8 @@ def test_ctrl_c_ends_the_sweeps_mlflow_run_killed_and_resume_finishes_it(interru
     from genrec.platform import sweep
     from genrec.platform.experiment import ExperimentConfig
 
-    cfg = ExperimentConfig.model_validate(
-        {
-            "name": "ctrl_c",
-            "dataset": {"path": str(tmp_path)},
-            "model": {"checkpoint": str(tmp_path)},
-            "decoder": "beam",
-            "params": {"k": 10},
-            "search_space": {"beam_width": {"grid": [10, 20]}},
-            "resources": {"cpu": 1, "gpu": 0},
-            "tracking": {"results_dir": str(tmp_path / "results"), "report": False},
-        }
-    )
+    raw = cpu_sweep("ctrl_c", tmp_path, tmp_path, tmp_path / "results", k=10, widths=[10, 20])
+    cfg = ExperimentConfig.model_validate(raw)
     for name in ("ensure_model", "preflight", "init_ray"):
         monkeypatch.setattr(sweep, name, lambda *args, **kwargs: None)
     monkeypatch.setattr(sweep, "plan_storage", lambda cfg, resume, overwrite: resume)

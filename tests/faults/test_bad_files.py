@@ -15,8 +15,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-import yaml
 from conftest import run_cli
+from experiment_files import cpu_sweep, write_experiment
 from fault_helpers import corrupt_copy, edit_json, empty, random_bytes, truncate, write_bytes
 from safetensors.torch import save_file
 
@@ -139,21 +139,9 @@ def test_non_utf8_atspeed_file_exits_2_with_the_line(fault, tmp_path, capsys):
 
 
 def sweep_file(tmp_path: Path, model: Path, data: Path) -> Path:
-    raw = {
-        "name": "preflight",
-        "metric": "recall@5",
-        "dataset": {"path": str(data)},
-        "model": {"checkpoint": str(model)},
-        "decoder": "beam",
-        "params": {"k": 5},
-        "search_space": {"beam_width": {"grid": [5, 10]}},
-        "eval": {"ks": [5], "max_users": 5, "threads": 1},
-        "resources": {"cpu": 1, "gpu": 0},
-        "tracking": {"results_dir": str(tmp_path / "results"), "report": False},
-    }
-    path = tmp_path / "exp.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    return path
+    raw = cpu_sweep("preflight", data, model, tmp_path / "results", k=5, widths=[5, 10])
+    raw |= {"metric": "recall@5", "eval": {"ks": [5], "max_users": 5, "threads": 1}}
+    return write_experiment(tmp_path / "exp.yaml", raw)
 
 
 @pytest.mark.parametrize("fault", ["weights-truncated", "config-dim", "config-no-codec"])

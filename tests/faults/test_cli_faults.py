@@ -15,8 +15,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-import yaml
 from conftest import run_cli
+from experiment_files import cpu_sweep, write_experiment
 from fault_helpers import wait_until
 
 from genrec.platform.tracking import ExperimentBusy, ExperimentLock, read_rows
@@ -101,21 +101,9 @@ def test_checkpoint_writes_clean_their_leftovers_too(tiny_model_dir, tmp_path):
 
 # ---- one sweep per experiment ----------------------------------------------------------------------
 def sweep_file(tmp_path: Path, model: Path, data: Path, name: str = "locked") -> Path:
-    raw = {
-        "name": name,
-        "metric": "recall@5",
-        "dataset": {"path": str(data)},
-        "model": {"checkpoint": str(model)},
-        "decoder": "beam",
-        "params": {"k": 5},
-        "search_space": {"beam_width": {"grid": [5, 10]}},
-        "eval": {"ks": [5], "max_users": 5, "threads": 1},
-        "resources": {"cpu": 1, "gpu": 0},
-        "tracking": {"results_dir": str(tmp_path / "results"), "report": False},
-    }
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    return path
+    raw = cpu_sweep(name, data, model, tmp_path / "results", k=5, widths=[5, 10])
+    raw |= {"metric": "recall@5", "eval": {"ks": [5], "max_users": 5, "threads": 1}}
+    return write_experiment(tmp_path / f"{name}.yaml", raw)
 
 
 HOLD_LOCK = """

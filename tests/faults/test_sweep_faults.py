@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
+from experiment_files import cpu_sweep, write_experiment
 from fault_helpers import wait_until
 
 from genrec.platform.mlflow_store import KIND_TAG
@@ -25,21 +25,9 @@ CLI = "from genrec.platform.cli import main; main()"
 
 
 def experiment(tmp_path: Path, model: Path, data: Path) -> Path:
-    raw = {
-        "name": "twice",
-        "metric": "recall@5",
-        "dataset": {"path": str(data)},
-        "model": {"checkpoint": str(model)},
-        "decoder": "beam",
-        "params": {"k": 5},
-        "search_space": {"beam_width": {"grid": [5, 10]}},
-        "eval": {"ks": [5], "max_users": 20, "batch_size": 20, "threads": 1},
-        "resources": {"cpu": 1, "gpu": 0},
-        "tracking": {"results_dir": str(tmp_path / "results"), "report": False},
-    }
-    path = tmp_path / "twice.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    return path
+    raw = cpu_sweep("twice", data, model, tmp_path / "results", k=5, widths=[5, 10])
+    raw |= {"metric": "recall@5", "eval": {"ks": [5], "max_users": 20, "batch_size": 20, "threads": 1}}
+    return write_experiment(tmp_path / "twice.yaml", raw)
 
 
 def holder_pid(lock: Path) -> int | None:
