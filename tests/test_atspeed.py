@@ -203,12 +203,23 @@ def relaxed_rows(p, q, trials, n, k, seed):
     return relaxed_level(p_log, q_log, drafted, torch.zeros(trials, n), beams, m, k, gen), draws
 
 
+def direct_relaxed_level(p, q, n, k, rng):
+    """The level rule written out for one row: N i.i.d. drafts from q, each kept with probability
+    min(1, p/q); at least K kept: K of the kept drawn by Gumbel-top-K over log p (None otherwise)."""
+    d = rng.choice(len(q), size=n, p=q)
+    kept = d[rng.random(n) <= p[d] / q[d]]
+    if len(kept) < k:
+        return None
+    keys = np.log(p[kept]) - np.log(-np.log(rng.random(len(kept))))
+    return kept[np.argsort(-keys)[:k]]
+
+
 @pytest.mark.parametrize("n, k", [(1, 1), (3, 1), (6, 2)])
 def test_relaxed_level_accepts_at_k_kept_of_n_and_samples_like_algorithm_2(n, k):
-    """Each drafted y ~ q is kept with probability min(1, p/q), so a kept one follows min(p, q) / a
-    (a = sum min(p, q)) and the level passes with P(Binomial(N, a) >= K); a failed level's missing
-    sequences follow norm(max(0, p - q)). With N = K = 1 the output follows p exactly (speculative
-    sampling); with N > K an accepted output follows min(p, q) / a instead (the price of accepting more)."""
+    """Each drafted y ~ q is kept with probability min(1, p/q), so the level passes with
+    P(Binomial(N, a) >= K), a = sum min(p, q); the K that go on are drawn from the kept, weighted by p
+    (compared with a direct implementation); a failed level's missing sequences follow
+    norm(max(0, p - q)). With N = K = 1 the output follows p exactly (speculative sampling)."""
     rng = np.random.default_rng(n * 10 + k)
     m, trials = 6, 40_000
     p, q = rng.dirichlet(np.ones(m)), rng.dirichlet(np.ones(m) * 0.5)
@@ -216,8 +227,13 @@ def test_relaxed_level_accepts_at_k_kept_of_n_and_samples_like_algorithm_2(n, k)
     out, draws = relaxed_rows(p, q, trials, n, k, seed=n + k)
     accept = out.accept.numpy()
     assert abs(accept.mean() - stats.binom.sf(k - 1, n, a)) < 0.01
-    assert follows(out.next_flat[out.accept][:, 0].numpy(), np.minimum(p, q))
-    if k == 1:  # nothing kept: the single output is a residual draw
+    if k == 1:
+        ours = np.bincount(out.next_flat[out.accept][:, 0].numpy(), minlength=m)
+        direct = [direct_relaxed_level(p, q, n, k, rng) for _ in range(trials)]
+        theirs = np.bincount([int(x[0]) for x in direct if x is not None], minlength=m)
+        both = np.array([ours, theirs])
+        assert stats.chi2_contingency(both[:, both.sum(0) > 0]).pvalue > 1e-3
+        # nothing kept: the single output is a residual draw
         assert follows(out.final_flat[~out.accept][:, 0].numpy(), np.maximum(p - q, 0))
     if n == k == 1:  # over all rows: exactly p
         assert follows(torch.where(out.accept, out.next_flat[:, 0], out.final_flat[:, 0]).numpy(), p)

@@ -12,15 +12,17 @@ batch that accepted different numbers of levels stay correct):
        is the step's output, and the level after the last drafted one comes free from the same call.
        The output equals the target's beam search with beam K exactly.
      relaxed (Algorithm 2): each drafted sequence y that extends a decided beam is kept if
-       p(y) >= q(y), else with probability p(y)/q(y); a level with at least K kept is accepted and K
-       of the kept, drawn at random, are its beams; at the first level with fewer, the missing ones
-       are resampled from norm(max(0, p - q)) (kept ones excluded) and the step ends. p and q are the
-       target's and the draft's sequence distributions over the children of the decided beams (q
-       renormalised there). Algorithm 2 as printed loops over K drafted sequences and never uses its
-       input N; read that way a level passes only if all K pass (AS@10 0.05 on Beauty, against about 2
-       in the paper's Table 1), and its "more than K accepted: sample K" line could never run. The
-       authors' code drafts N samples and accepts at K kept, as here; it compares p with the draft's q
-       over all N draft beams' children, unnormalised, which accepts too often.
+       p(y) >= q(y), else with probability p(y)/q(y); a level with at least K kept is accepted, and
+       K of the kept, drawn at random weighted by p (Gumbel-top-K), are its beams; at the first level
+       with fewer, the missing ones are resampled from norm(max(0, p - q)) (kept ones excluded) and
+       the step ends. p and q are the target's and the draft's sequence distributions over the
+       children of the decided beams (q renormalised there). Algorithm 2 as printed loops over K
+       drafted sequences and never uses its input N; read that way a level passes only if all K pass
+       (AS@10 0.05 on Beauty, against about 2 in the paper's Table 1), and its "more than K accepted:
+       sample K" line could never run. The authors' code drafts N samples and accepts at K kept, as
+       here; it picks the K uniformly, which flattens the output when N drafts without replacement
+       cover most of a small support, and it compares p with the draft's q over all N draft beams'
+       children, unnormalised, which accepts too often.
 Scores are the target's cumulative log-probabilities. Any `constraint` masks both models' levels.
 """
 
