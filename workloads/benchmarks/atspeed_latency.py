@@ -28,6 +28,7 @@ from genrec.workloads.evaluation import load_context
 from genrec.workloads.results import benchmark_summary
 
 MODULE = "genrec.workloads.benchmarks.atspeed_latency"
+REFERENCES = ("beam", "beam_sample")  # the arms AtSpeed is timed against (no draft counters)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -117,7 +118,7 @@ def summarise(results, batches, args) -> dict[str, dict]:
                 for ph in ("prefill", "draft", "verify", "decode", "system")
             },
         }
-        if name not in ("beam", "beam_sample"):
+        if name not in REFERENCES:
             c = [res.counters for _, res in runs]
             row["target_calls_per_batch"] = float(np.mean([x["target_calls"] for x in c]))
             row["draft_calls_per_batch"] = float(np.mean([x["draft_calls"] for x in c]))
@@ -153,7 +154,7 @@ def main(argv: list[str] | None = None) -> dict:
     for name, row in rows.items():
         ph = row["phases_ms"]
         extra = ""
-        if name not in ("beam", "beam_sample"):
+        if name not in REFERENCES:
             extra = (
                 f"  AS {row['accepted_steps']:.2f}  target calls/batch {row['target_calls_per_batch']:.2f}"
                 f"  free-draft ceiling {row['free_draft_ceiling']:.2f}x"

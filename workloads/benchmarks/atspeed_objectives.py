@@ -233,9 +233,8 @@ def compare(rows: list[dict], objectives: list[str], settings: list[tuple[int, i
                 per_k[o]["identical_share_min"] = min(by[(o, key, s)]["identical_share"] for s in seeds)
             else:
                 per_k[o]["recall"] = recall_vs_sampling(by, o, key, seeds)
-        for o in objectives if main is not None else []:
-            if o != main:
-                per_k[o][f"{main}_vs"] = more_accepted(by, main, o, key, seeds)
+        for o in [o for o in objectives if main is not None and o != main]:
+            per_k[o][f"{main}_vs"] = more_accepted(by, main, o, key, seeds)
         out[f"k{key[0]}_n{key[1]}_{key[2]}"] = per_k
     return out
 

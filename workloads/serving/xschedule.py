@@ -140,16 +140,18 @@ class LatencyCalibration:
     def __init__(self, window: int, quantile: float, min_samples: int = 20, max_factor: float = 4.0) -> None:
         self.ratios: deque[float] = deque(maxlen=window)
         self.quantile, self.min_samples, self.max_factor = quantile, min_samples, max_factor
+        self._factor = 1.0  # recomputed per answer, not per admission: under overload admissions
+        # outnumber answers several times over
 
     def observe(self, predicted_s: float, latency_s: float) -> None:
         if predicted_s > 0 and latency_s >= 0:
             self.ratios.append(latency_s / predicted_s)
+            if len(self.ratios) >= self.min_samples:
+                q = float(np.quantile(np.fromiter(self.ratios, float), self.quantile))
+                self._factor = min(self.max_factor, max(1.0, q))
 
     def factor(self) -> float:
-        if len(self.ratios) < self.min_samples:
-            return 1.0
-        q = float(np.quantile(np.fromiter(self.ratios, float), self.quantile))
-        return min(self.max_factor, max(1.0, q))
+        return self._factor
 
 
 def budget_for(service: ServiceModel, target_s: float) -> int:
