@@ -188,6 +188,27 @@ def test_generic_benchmark_report_keeps_linear_axes_for_a_narrow_range(tmp_path)
     assert log_axes(pd.Series([10, 1001, None])) and not log_axes(pd.Series([0, 1000]))
 
 
+def test_static_step_interleaves_sizes_and_reports_flatness(tmp_path):
+    """--interleave-sizes times every (size, arm) pair in one alternating loop and reports each arm's
+    step over its step at the smallest size."""
+    from genrec.workloads.benchmarks.static_step import main
+
+    out = tmp_path / "b.json"
+    argv = "--device cpu --vocab 64 --levels 3 --sizes 3000 600 --beam 8 --dense-levels 1"
+    argv += f" --backends static_torch static_dense --repeats 2 --warmup 0 --interleave-sizes --out {out}"
+    assert main(argv.split()) == 0
+    results = json.loads(out.read_text())["results"]
+    assert [r["set_size"] for r in results] == [3000, 600]
+    smallest = {r["backend"]: r["step_ms_from_levels"] for r in results[1]["rows"]}
+    for res in results:
+        rows = {r["backend"]: r for r in res["rows"]}
+        assert set(rows) == {"unconstrained", "static_torch", "static_dense"}
+        assert rows["static_torch"]["returned"] == rows["static_dense"]["returned"] == 2 * 8
+        for name, r in rows.items():
+            assert r["step_vs_smallest_size"] == pytest.approx(r["step_ms_from_levels"] / smallest[name])
+    assert all(r["step_vs_smallest_size"] == pytest.approx(1.0) for r in results[1]["rows"])
+
+
 # --- STATIC vs the official implementation (issue 20) ------------------------------------------------
 PEER = Path(os.environ.get("GENREC_STATIC_PEER", "/tmp/static-constraint-decoding"))
 

@@ -31,6 +31,9 @@ of each backend's final SIDs (fraction inside the set; the hash bitmap can fall 
 --live-updates N the latency of N removals + N additions on a LiveStaticMask against a rebuild
 (merge) of the index.
 
+With --interleave-sizes every size's index is built first and all (size, arm) pairs alternate repeat
+by repeat, so each arm's `step_vs_smallest_size` (flatness in |C|) is a same-process ratio too.
+
 Only torch/numpy (and triton for static_triton) are needed: runs from a plain checkout on the GPU
 machine. static_triton on CPU needs TRITON_INTERPRET=1 and is very slow: tiny sizes only.
 """
@@ -271,82 +274,105 @@ def build_arm(name: str, cset, args: argparse.Namespace, dev: torch.device, tms:
     return StaticMask(tms[key], "triton" if name == "static_triton" else "torch")
 
 
-def run(args: argparse.Namespace) -> dict:
-    dev = torch.device(args.device)
-    torch.set_num_threads(args.threads)
-    sizes_cb = (args.vocab,) * args.levels
-    logits = make_logits(args.vocab, args.levels, args.batch, args.beam, args.temp, args.seed, dev)
-    results = []
-    for n in args.sizes:
+@dataclass
+class SizeArms:
+    """One constraint-set size, its set and each arm's backend (None: unconstrained) with build time."""
+
+    size: int
+    cset: object
+    set_s: float
+    backends: dict[str, tuple[MaskBackend | None, float]]
+    tms: dict
+
+
+def prepare_size(n: int, args: argparse.Namespace, dev: torch.device) -> SizeArms:
+    t0 = time.perf_counter()
+    cset = uniform_random((args.vocab,) * args.levels, n, seed=args.seed)
+    set_s = time.perf_counter() - t0
+    backends, tms = {}, {}
+    for name in args.backends:
         t0 = time.perf_counter()
-        cset = uniform_random(sizes_cb, n, seed=args.seed)
-        set_s = time.perf_counter() - t0
-        backends, tms = {}, {}
-        for name in args.backends:
-            t0 = time.perf_counter()
-            be = build_arm(name, cset, args, dev, tms)
-            _sync(dev)
-            backends[name] = (be, time.perf_counter() - t0)
-        runs: dict[str, list[DecodeTiming]] = {k: [] for k in backends}
-        with torch.no_grad():
-            for rep in range(args.warmup + args.repeats):
-                order = list(backends) if rep % 2 == 0 else list(reversed(backends))
-                for name in order:
-                    timing = synthetic_decode(
-                        backends[name][0], logits, args.batch, args.beam, dense=name == "static_dense"
-                    )
-                    if rep >= args.warmup:
-                        runs[name].append(timing)
-            rows = []
-            steps = {k: [r.total_ns / 1e6 / args.levels for r in v] for k, v in runs.items()}
-            base = float(np.median(steps["unconstrained"])) if "unconstrained" in steps else None
-            for name, (be, build_s) in backends.items():
-                last = runs[name][-1]
-                found = torch.isfinite(last.scores).reshape(-1).cpu().numpy()
-                flat = last.codes.reshape(-1, args.levels).cpu().numpy()[found]
-                compliance = float(cset.contains(flat).mean()) if len(flat) else float("nan")
-                med = float(np.median(steps[name]))
-                row = {
-                    "backend": name,
-                    "set_size": n,
-                    "step_ms_median": med,
-                    "step_ms_p99": float(np.percentile(steps[name], 99)),
-                    "overhead_ms": None if base is None else med - base,
-                    "ratio_vs_unconstrained": None if base is None else med / base,
-                    "level_ms": per_level_median_ms(runs[name], "level_ns"),
-                    "step_ms_from_levels": sum(per_level_median_ms(runs[name], "level_ns")) / args.levels,
-                    "build_s": build_s,
-                    "memory_mb": 0.0 if be is None else be.memory_bytes() / 2**20,
-                    "compliance": compliance if be is not None else None,
-                    "returned": int(found.sum()),
-                }
-                if isinstance(be, StaticMask):
-                    row["mask_ms"] = per_level_median_ms(runs[name], "mask_ns")
-                    row["processor_ms"] = per_level_median_ms(runs[name], "processor_ns")
-                    row["paths"] = ["dense"] * args.levels if name == "static_dense" else level_paths(be.tm)
-                rows.append(row)
-            add_static_ratios(rows)
-            add_level_ratios(rows)
-            tm = tms.get("auto", tms.get("dense"))
-            extra = {}
-            if tm is not None:
-                mem = tm.memory_bytes()["total"]
-                extra = {
-                    "static_memory_mb": mem / 2**20,
-                    "u_max_mb": tm.u_max_bytes() / 2**20,
-                    "within_u_max": mem <= tm.u_max_bytes(),
-                    "mb_per_million_items": mem / 2**20 / (n / 1e6),
-                    "max_branch": list(tm.max_branch),
-                    "tm_build_s": tms.get("auto_build_s", tms.get("dense_build_s")),
-                }
-            if tm is not None and {"static_torch", "static_triton"} <= set(backends):
-                extra["vntk_kernel_us"] = kernel_timing(tm, args.batch * args.beam, args, dev)
-            if args.live_updates:
-                extra["live_updates"] = live_update_timing(
-                    cset, args.dense_levels, args.live_updates, dev, args.seed
-                )
-            results.append({"set_size": n, "set_build_s": set_s, "rows": rows, **extra})
-            print(json.dumps(results[-1]), flush=True)
+        be = build_arm(name, cset, args, dev, tms)
+        _sync(dev)
+        backends[name] = (be, time.perf_counter() - t0)
+    return SizeArms(n, cset, set_s, backends, tms)
+
+
+def time_arms(
+    sizes: list[SizeArms], logits: list[torch.Tensor], args: argparse.Namespace
+) -> dict[tuple[int, str], list[DecodeTiming]]:
+    """Every (size, arm) decoded once per repeat, in alternating order, so drift hits all alike."""
+    arms = [(sa.size, name, be) for sa in sizes for name, (be, _) in sa.backends.items()]
+    runs: dict[tuple[int, str], list[DecodeTiming]] = {(n, name): [] for n, name, _ in arms}
+    with torch.no_grad():
+        for rep in range(args.warmup + args.repeats):
+            for n, name, be in arms if rep % 2 == 0 else reversed(arms):
+                timing = synthetic_decode(be, logits, args.batch, args.beam, dense=name == "static_dense")
+                if rep >= args.warmup:
+                    runs[(n, name)].append(timing)
+    return runs
+
+
+def arm_row(name: str, sa: SizeArms, runs: list[DecodeTiming], base: float | None, args) -> dict:
+    """One arm's figures at one size (`base`: unconstrained's median step ms)."""
+    be, build_s = sa.backends[name]
+    steps = [r.total_ns / 1e6 / args.levels for r in runs]
+    last = runs[-1]
+    found = torch.isfinite(last.scores).reshape(-1).cpu().numpy()
+    flat = last.codes.reshape(-1, args.levels).cpu().numpy()[found]
+    compliance = float(sa.cset.contains(flat).mean()) if len(flat) else float("nan")
+    med = float(np.median(steps))
+    row = {
+        "backend": name,
+        "set_size": sa.size,
+        "step_ms_median": med,
+        "step_ms_p99": float(np.percentile(steps, 99)),
+        "overhead_ms": None if base is None else med - base,
+        "ratio_vs_unconstrained": None if base is None else med / base,
+        "level_ms": per_level_median_ms(runs, "level_ns"),
+        "step_ms_from_levels": sum(per_level_median_ms(runs, "level_ns")) / args.levels,
+        "build_s": build_s,
+        "memory_mb": 0.0 if be is None else be.memory_bytes() / 2**20,
+        "compliance": compliance if be is not None else None,
+        "returned": int(found.sum()),
+    }
+    if isinstance(be, StaticMask):
+        row["mask_ms"] = per_level_median_ms(runs, "mask_ns")
+        row["processor_ms"] = per_level_median_ms(runs, "processor_ns")
+        dense = name == "static_dense"
+        row["paths"] = ["dense"] * args.levels if dense else level_paths(be.tm)
+    return row
+
+
+def size_result(sa: SizeArms, runs: dict, args: argparse.Namespace, dev: torch.device) -> dict:
+    """Every arm's row at one size, the ratios between them, and STATIC's index figures."""
+    unc = runs.get((sa.size, "unconstrained"))
+    base = float(np.median([r.total_ns / 1e6 / args.levels for r in unc])) if unc else None
+    rows = [arm_row(name, sa, runs[(sa.size, name)], base, args) for name in sa.backends]
+    add_static_ratios(rows)
+    add_level_ratios(rows)
+    tm = sa.tms.get("auto", sa.tms.get("dense"))
+    extra = {}
+    if tm is not None:
+        mem = tm.memory_bytes()["total"]
+        extra = {
+            "static_memory_mb": mem / 2**20,
+            "u_max_mb": tm.u_max_bytes() / 2**20,
+            "within_u_max": mem <= tm.u_max_bytes(),
+            "mb_per_million_items": mem / 2**20 / (sa.size / 1e6),
+            "max_branch": list(tm.max_branch),
+            "tm_build_s": sa.tms.get("auto_build_s", sa.tms.get("dense_build_s")),
+        }
+    if tm is not None and {"static_torch", "static_triton"} <= set(sa.backends):
+        extra["vntk_kernel_us"] = kernel_timing(tm, args.batch * args.beam, args, dev)
+    if args.live_updates:
+        extra["live_updates"] = live_update_timing(
+            sa.cset, args.dense_levels, args.live_updates, dev, args.seed
+        )
+    return {"set_size": sa.size, "set_build_s": sa.set_s, "rows": rows, **extra}
+
+
+def environment(dev: torch.device) -> dict:
     env = {
         "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
         "torch": torch.__version__,
@@ -359,12 +385,41 @@ def run(args: argparse.Namespace) -> dict:
         env["triton"] = triton.__version__
     except ImportError:
         env["triton"] = "none"
+    return env
+
+
+def run(args: argparse.Namespace) -> dict:
+    """Time every arm at every size: one size at a time, or with --interleave-sizes all sizes' arms in
+    one alternating loop (then ratios across sizes, e.g. flatness in |C|, are same-process figures)."""
+    dev = torch.device(args.device)
+    torch.set_num_threads(args.threads)
+    logits = make_logits(args.vocab, args.levels, args.batch, args.beam, args.temp, args.seed, dev)
+    groups = [args.sizes] if args.interleave_sizes else [[n] for n in args.sizes]
+    results = []
+    for group in groups:
+        sizes = [prepare_size(n, args, dev) for n in group]
+        runs = time_arms(sizes, logits, args)
+        for sa in sizes:
+            results.append(size_result(sa, runs, args, dev))
+            print(json.dumps(results[-1]), flush=True)
+        del sizes, runs
+    if args.interleave_sizes:
+        add_flatness(results)
     return {
         "command": " ".join(sys.argv),
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-        "environment": env,
+        "environment": environment(dev),
         "results": results,
     }
+
+
+def add_flatness(results: list[dict]) -> None:
+    """Each arm's step (from per-level medians) at every size over its step at the smallest size."""
+    smallest = min(results, key=lambda res: res["set_size"])
+    first = {r["backend"]: r["step_ms_from_levels"] for r in smallest["rows"]}
+    for res in results:
+        for r in res["rows"]:
+            r["step_vs_smallest_size"] = r["step_ms_from_levels"] / first[r["backend"]]
 
 
 def add_static_ratios(rows: list[dict]) -> None:
@@ -449,6 +504,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--live-updates", type=int, default=0, help="also time N removals + N additions vs a rebuild"
+    )
+    p.add_argument(
+        "--interleave-sizes",
+        action="store_true",
+        help="build every size first and alternate all (size, arm) pairs per repeat (flatness in |C|)",
     )
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
