@@ -4,8 +4,8 @@ An experiment names a dataset, a model (a checkpoint, or a training step that cr
 a draft model (`draft: DIR`, a checkpoint on the same codec, for AtSpeed's decoders), a registered
 decoder with fixed parameters and a search space over the others, seeds, the metric to optimise,
 resources per trial and where results go. Everything that can be checked without running a trial
-is checked before Ray starts (keys and types here, the rest in experiment_checks.py): unknown keys,
-unknown decoders and parameter names (with the valid choices listed), every value of the search
+is checked before Ray starts (keys and types by the models, the rest in experiment_checks.py): unknown
+keys, unknown decoders and parameter names (with the valid choices listed), every value of the search
 space building valid decoder Params, missing dataset, checkpoint or draft folders, a metric the
 evaluation does not produce. Errors are `UserInputError`s that name the key path
 (`search_space.beam_width.grid[2]`), so the CLI exits with code 2 and nothing is written.
@@ -14,19 +14,19 @@ A multi-decoder experiment lists `arms:` (each a decoder, its fixed params, a gr
 optionally its own checkpoint) instead of decoder / params / search_space: the trials of every arm
 form one sweep, and each arm is validated like a one-decoder experiment.
 
-Relative paths resolve against the current directory (the repo root for `make demo`), not the
-YAML's folder, and are stored absolute: Ray workers and resumed sweeps see the same paths.
-
-Search space kinds (one per parameter):
-
-    grid:       [v, ...]                 every value (tune.grid_search); multiplies the trial count
-    choice:     [v, ...]                 one value drawn per sample (tune.choice)
-    range:      {low, high, step}        a grid low, low+step, ... <= high (inclusive)
-    uniform:    {low, high}              drawn per sample (tune.uniform)
-    loguniform: {low, high}              drawn per sample (tune.loguniform)
-    randint:    {low, high}              drawn per sample, both ends inclusive
-
 Trials = product of grid sizes x len(seeds) x num_samples.
+
+This module holds `ExperimentConfig` (the whole file, and what a sweep derives from it: arms, grid,
+trial count, trial table, resume fingerprint) and `TrialSpec` (what every trial of a sweep shares).
+Beside it:
+
+    experiment_sections.py  the file's sections (DatasetSpec, ModelSpec, EvalSpec, ...) and the
+                            search-space kinds (SpaceSpec, expand_range, describe_space)
+    experiment_loading.py   load_experiment / experiment_from_dict: YAML -> config, paths made
+                            absolute (resolve_paths), pydantic errors as key paths
+    experiment_checks.py    validate_experiment: every check that needs no trial
+
+Their names are also importable from here.
 """
 
 from __future__ import annotations
@@ -34,16 +34,66 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+from pydantic import Field, PrivateAttr, model_validator
 
-from genrec.workloads.errors import UserInputError
+from genrec.platform.experiment_loading import (
+    experiment_from_dict,
+    format_validation_error,
+    load_experiment,
+    resolve_paths,
+    valid_keys_at,
+)
+from genrec.platform.experiment_sections import (
+    SPACE_KINDS,
+    ArmSpec,
+    Bounds,
+    DatasetSpec,
+    EvalSpec,
+    ModelSpec,
+    RangeSpec,
+    RaySpec,
+    ResourcesSpec,
+    SpaceSpec,
+    StrictModel,
+    TrackingSpec,
+    TrainSpec,
+    describe_space,
+    expand_range,
+)
+
+__all__ = [  # this module's own names, and the sections' and loading's, importable from here
+    "MAX_COMBINATIONS_CHECKED",
+    "OTHER_METRICS",
+    "QUALITY_METRICS",
+    "SPACE_KINDS",
+    "ArmSpec",
+    "Bounds",
+    "DatasetSpec",
+    "EvalSpec",
+    "ExperimentConfig",
+    "ModelSpec",
+    "RangeSpec",
+    "RaySpec",
+    "ResourcesSpec",
+    "SpaceSpec",
+    "TrackingSpec",
+    "TrainSpec",
+    "TrialSpec",
+    "describe_space",
+    "expand_range",
+    "experiment_from_dict",
+    "format_validation_error",
+    "load_experiment",
+    "plain_scalar",
+    "resolve_paths",
+    "valid_keys_at",
+]
+
 
 QUALITY_METRICS = ("hr", "ndcg", "recall")
 OTHER_METRICS = (
@@ -60,137 +110,7 @@ OTHER_METRICS = (
 MAX_COMBINATIONS_CHECKED = 10_000
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=False)
-
-
-class DatasetSpec(_Strict):
-    path: Path = Field(description="dataset folder from `genrec data synth` / `genrec data import`")
-
-
-class TrainSpec(_Strict):
-    """Train a checkpoint before the sweep (skipped when `out` already holds one)."""
-
-    out: Path
-    size: str = "tiny"
-    epochs: int = 8
-    batch_size: int = 128
-    lr: float = 3e-3
-    max_items: int = 20
-    seed: int = 0
-    threads: int = 0
-    objective: str = "next_item"  # next_item | nezha | mtp (a draft head's loss; issue 6)
-    head_variant: str = "full"  # a NEZHA ablation: full | no_context | no_placeholder | add
-    head_batching: str = "packed"  # packed | per_example (how a head objective batches its targets)
-
-    def to_train_config(self):  # -> genrec.workloads.training.trainer.TrainConfig (imported lazily)
-        from genrec.workloads.training.trainer import TrainConfig
-
-        return TrainConfig(
-            model_size=self.size,
-            epochs=self.epochs,
-            batch_size=self.batch_size,
-            lr=self.lr,
-            max_items=self.max_items,
-            seed=self.seed,
-            threads=self.threads,
-            objective=self.objective,
-            head_variant=self.head_variant,
-            head_batching=self.head_batching,
-        )
-
-
-class ModelSpec(_Strict):
-    checkpoint: Path | None = None
-    train: TrainSpec | None = None
-
-    @model_validator(mode="after")
-    def _one_source(self) -> ModelSpec:
-        if (self.checkpoint is None) == (self.train is None):
-            raise ValueError("give exactly one of `checkpoint: PATH` or `train: {out: PATH, size: ...}`")
-        return self
-
-    @property
-    def path(self) -> Path:
-        return self.checkpoint if self.checkpoint is not None else self.train.out  # type: ignore[union-attr]
-
-
-class Bounds(_Strict):
-    low: float
-    high: float
-
-
-class RangeSpec(_Strict):
-    low: float
-    high: float
-    step: float = 1
-
-
-class SpaceSpec(_Strict):
-    grid: list[Any] | None = None
-    choice: list[Any] | None = None
-    range: RangeSpec | None = None
-    uniform: Bounds | None = None
-    loguniform: Bounds | None = None
-    randint: Bounds | None = None
-
-    @model_validator(mode="after")
-    def _one_kind(self) -> SpaceSpec:
-        kinds = [k for k in SPACE_KINDS if getattr(self, k) is not None]
-        if len(kinds) != 1:
-            raise ValueError(f"give exactly one of {list(SPACE_KINDS)}, got {kinds or 'none'}")
-        return self
-
-    @property
-    def kind(self) -> str:
-        return next(k for k in SPACE_KINDS if getattr(self, k) is not None)
-
-
-SPACE_KINDS = ("grid", "choice", "range", "uniform", "loguniform", "randint")
-
-
-class EvalSpec(_Strict):
-    split: Literal["valid", "test"] = "test"
-    ks: list[int] = Field(default_factory=lambda: [5, 10])
-    batch_size: int = 64
-    max_users: int = 0  # 0 = every user with a target in the split
-    warmup_batches: int = 1
-    threads: int = 0  # torch threads per trial; 0 = the trial's CPU count (at least 1)
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    # timed passes per trial: latency is their median, with the fastest and slowest pass beside it
-    repeats: int = 1
-
-
-class ArmSpec(_Strict):
-    """One decoder of a multi-decoder experiment: its fixed params and a grid over the others."""
-
-    decoder: str
-    params: dict[str, Any] = Field(default_factory=dict)
-    search_space: dict[str, SpaceSpec] = Field(default_factory=dict)
-    # a checkpoint of its own (e.g. NEZHA's, trained with its draft head), on the experiment's dataset
-    model: Path | None = None
-
-
-class ResourcesSpec(_Strict):
-    cpu: float = 1.0
-    gpu: float | Literal["auto"] = "auto"  # auto: 0.25 of a GPU per trial when the cluster has GPUs
-
-
-class TrackingSpec(_Strict):
-    results_dir: Path = Path("runs/results")
-    mlflow: bool = True
-    mlflow_uri: str | None = None  # None: sqlite:///<results_dir>/mlflow.db (embedded, no server)
-    artifact_location: str | None = None  # None: <results_dir>/mlflow-artifacts for the embedded store
-    storage_path: Path | None = None  # Ray Tune experiment state; None: <results_dir>/ray
-    report: bool = True  # build the Plotly report after the sweep when genrec.dashboards has it
-
-
-class RaySpec(_Strict):
-    address: str | None = None  # None: RAY_ADDRESS if set, else a local instance
-    num_cpus: int | None = None  # local instance only; None: every core
-
-
-class ExperimentConfig(_Strict):
+class ExperimentConfig(StrictModel):
     name: str
     description: str = ""
     # a model-free benchmark (genrec.workloads.benchmarks.registry) instead of dataset + model + decoder;
@@ -430,138 +350,3 @@ class TrialSpec:
             return self, dict(config.get("params", {}))
         model = arm.get("model") or self.model
         return replace(self, decoder=arm["decoder"], params={}, model=model), dict(arm["params"])
-
-
-def expand_range(r: RangeSpec) -> list[float | int]:
-    n = int(math.floor((r.high - r.low) / r.step + 1e-9)) + 1
-    values = [r.low + i * r.step for i in range(n)]
-    if all(float(x).is_integer() for x in (r.low, r.step)):
-        return [int(round(v)) for v in values]
-    return [round(v, 12) for v in values]
-
-
-def describe_space(spec: SpaceSpec) -> str:
-    kind = spec.kind
-    value = getattr(spec, kind)
-    if kind in ("grid", "choice"):
-        return f"{kind}{value}"
-    return f"{kind}({value.low}, {value.high})"
-
-
-# ---- loading ----------------------------------------------------------------------------------
-def load_experiment(
-    path: str | os.PathLike, base_dir: str | os.PathLike | None = None, check_files: bool = True
-) -> ExperimentConfig:
-    """Read, type-check and validate an experiment file; relative paths resolve against base_dir
-    (default: the current directory). Raises UserInputError naming the key path."""
-    path = Path(path)
-    if not path.is_file():
-        raise UserInputError(f"{path}: no such experiment file (see experiments/*.yaml for examples)")
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise UserInputError(f"{path}: not valid YAML ({e})") from None
-    if not isinstance(raw, dict):
-        raise UserInputError(f"{path}: expected a mapping of keys (name, dataset, model, decoder, ...)")
-    return experiment_from_dict(raw, source=path, base_dir=base_dir, check_files=check_files)
-
-
-def experiment_from_dict(
-    raw: dict,
-    source: Path | None = None,
-    base_dir: str | os.PathLike | None = None,
-    check_files: bool = True,
-) -> ExperimentConfig:
-    where = f"{source}: " if source else ""
-    try:
-        cfg = ExperimentConfig.model_validate(raw)
-    except ValidationError as e:
-        raise UserInputError(where + format_validation_error(e)) from None
-    cfg._source = source.resolve() if source else None
-    resolve_paths(cfg, Path(base_dir) if base_dir else Path.cwd())
-    from genrec.platform.experiment_checks import validate_experiment
-
-    try:
-        validate_experiment(cfg, check_files=check_files)
-    except UserInputError as e:
-        raise UserInputError(where + str(e)) from None
-    return cfg
-
-
-def resolve_paths(cfg: ExperimentConfig, base: Path) -> None:
-    def absolute(p: Path) -> Path:
-        p = p.expanduser()
-        return (p if p.is_absolute() else base / p).resolve()
-
-    if cfg.dataset is not None:
-        cfg.dataset.path = absolute(cfg.dataset.path)
-    if cfg.model.checkpoint is not None:
-        cfg.model.checkpoint = absolute(cfg.model.checkpoint)
-    if cfg.model.train is not None:
-        cfg.model.train.out = absolute(cfg.model.train.out)
-    if cfg.draft is not None:
-        cfg.draft = absolute(cfg.draft)
-    for arm in cfg.arms:
-        if arm.model is not None:
-            arm.model = absolute(arm.model)
-    if cfg.benchmark is not None:  # a benchmark's path arguments (trials run in another directory)
-        from genrec.workloads.benchmarks.registry import BENCHMARKS
-
-        for name in getattr(BENCHMARKS.get(cfg.benchmark), "path_params", ()):
-            if isinstance(cfg.params.get(name), str):
-                cfg.params[name] = str(absolute(Path(cfg.params[name])))
-    cfg.tracking.results_dir = absolute(cfg.tracking.results_dir)
-    if cfg.tracking.storage_path is not None:
-        cfg.tracking.storage_path = absolute(cfg.tracking.storage_path)
-
-
-def format_validation_error(
-    e: ValidationError, root: type[BaseModel] | None = None, what: str = "experiment"
-) -> str:
-    """One line per problem: the key path, what is wrong, and the valid keys for unknown ones (looked up
-    from `root`, the model that was validated: ExperimentConfig unless another, e.g. ServeConfig)."""
-    lines = []
-    for err in e.errors():
-        loc = [str(part) for part in err["loc"]]
-        key = ".".join(loc) or "(top level)"
-        if err["type"] == "extra_forbidden":
-            valid = valid_keys_at(loc[:-1], root or ExperimentConfig)
-            lines.append(f"unknown key `{key}`" + (f"; valid keys here: {valid}" if valid else ""))
-        elif err["type"] == "missing":
-            lines.append(f"missing required key `{key}`")
-        else:
-            msg = err["msg"].removeprefix("Value error, ")
-            lines.append(f"`{key}`: {msg} (got {err.get('input')!r})")
-    return f"invalid {what}: " + "; ".join(lines)
-
-
-def valid_keys_at(loc: list[str], root: type[BaseModel] | None = None) -> list[str]:
-    """Field names of the model found by walking `loc` from `root` (default ExperimentConfig; dict
-    keys skipped)."""
-    model: type[BaseModel] | None = root or ExperimentConfig
-    i = 0
-    while model is not None and i < len(loc):
-        field = model.model_fields.get(loc[i])
-        if field is None:
-            return []
-        model, is_mapping = _model_of(field.annotation)
-        i += 2 if is_mapping else 1
-    if model is None:
-        return []
-    return list(model.model_fields)
-
-
-def _model_of(annotation: Any) -> tuple[type[BaseModel] | None, bool]:
-    from typing import get_args, get_origin
-
-    origin = get_origin(annotation)
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation, False
-    if origin is dict:
-        inner, _ = _model_of(get_args(annotation)[1])
-        return inner, True
-    for arg in get_args(annotation):  # Optional[Model] / unions
-        inner, mapping = _model_of(arg)
-        if inner is not None:
-            return inner, mapping
-    return None, False

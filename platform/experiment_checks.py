@@ -15,14 +15,15 @@ from dataclasses import MISSING
 from pathlib import Path
 from typing import Any
 
-from genrec.platform.experiment import MAX_COMBINATIONS_CHECKED, ExperimentConfig, SpaceSpec, expand_range
+from genrec.platform.experiment import MAX_COMBINATIONS_CHECKED, ExperimentConfig
+from genrec.platform.experiment_sections import SpaceSpec, expand_range
 from genrec.workloads.errors import UserInputError
 
 
 # ---- the checks --------------------------------------------------------------------------
 def validate_experiment(cfg: ExperimentConfig, check_files: bool = True) -> None:
+    """Every check of a loaded experiment, by kind: a benchmark, a multi-decoder (arms), one decoder."""
     from genrec.platform.tracking import check_experiment_name
-    from genrec.workloads.decoding.base import decoder_names
 
     try:
         check_experiment_name(cfg.name)
@@ -32,20 +33,33 @@ def validate_experiment(cfg: ExperimentConfig, check_files: bool = True) -> None
         validate_benchmark_experiment(cfg)
         if check_files:
             check_benchmark_inputs(cfg)
-        return
-    if cfg.arms:
-        for i, sub in enumerate(cfg.arm_configs()):
-            sampled = [n for n, spec in sub.search_space.items() if spec.kind not in ("grid", "range")]
-            if sampled:
-                raise UserInputError(
-                    f"`arms[{i}].search_space.{sampled[0]}`: an arm takes grid or range values only"
-                )
-            try:
-                own_model = cfg.arms[i].model is not None
-                validate_experiment(sub, check_files=check_files and (i == 0 or own_model))
-            except UserInputError as e:
-                raise UserInputError(f"`arms[{i}]` ({sub.decoder}): {e}") from None
-        return
+    elif cfg.arms:
+        validate_arms(cfg, check_files)
+    else:
+        validate_decoder_experiment(cfg, check_files)
+
+
+def validate_arms(cfg: ExperimentConfig, check_files: bool) -> None:
+    """Each arm like a one-decoder experiment (grid and range values only); the input files once, with
+    the first arm, and again for an arm with its own checkpoint. Errors name the arm."""
+    for i, sub in enumerate(cfg.arm_configs()):
+        sampled = [n for n, spec in sub.search_space.items() if spec.kind not in ("grid", "range")]
+        if sampled:
+            raise UserInputError(
+                f"`arms[{i}].search_space.{sampled[0]}`: an arm takes grid or range values only"
+            )
+        try:
+            own_model = cfg.arms[i].model is not None
+            validate_experiment(sub, check_files=check_files and (i == 0 or own_model))
+        except UserInputError as e:
+            raise UserInputError(f"`arms[{i}]` ({sub.decoder}): {e}") from None
+
+
+def validate_decoder_experiment(cfg: ExperimentConfig, check_files: bool) -> None:
+    """A one-decoder experiment: the draft it needs, a known decoder, numbers in range, parameter names,
+    every combination of the search space through the decoder's Params, the metric, the input files."""
+    from genrec.workloads.decoding.base import decoder_names
+
     check_draft_given(cfg)  # judged by name, so it needs no registry
     if cfg.decoder not in decoder_names():
         raise UserInputError(f"`decoder`: unknown decoder {cfg.decoder!r}; choose one of {decoder_names()}")
