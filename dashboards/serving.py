@@ -25,10 +25,9 @@ from genrec.dashboards.rebuild import default_out_path, rebuild_command
 from genrec.dashboards.style import REFERENCE_COLOUR, TraceStyle, axis, log_axis, rate_axis, trace_styles
 from genrec.workloads.errors import UserInputError
 from genrec.workloads.results_store import list_experiments, read_results
+from genrec.workloads.serving.slo import DEFAULT_MAX_UNANSWERED, DEFAULT_SLO_MS, meets_slo
 
 LOADTEST_KIND = "loadtest"
-DEFAULT_SLO_MS = 200.0
-DEFAULT_MAX_UNANSWERED = 0.01
 # request parameters that name a configuration when they differ between rows (the rate never does:
 # it is the x axis; closed-loop concurrency is the x axis of closed-loop curves)
 CONFIG_PARAMS = (
@@ -104,7 +103,9 @@ def rate_points(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def meets(points: pd.DataFrame, slo_ms: float, max_unanswered: float) -> pd.Series:
-    """P99 within the SLO and at most `max_unanswered` of requests rejected, failed or timed out."""
+    """Per point, the load generator's SLO rule (`meets_slo`): P99 within the SLO and at most
+    `max_unanswered` of requests rejected, failed or timed out (a missing share fails; rows from before
+    the column existed pass on latency alone)."""
     p99 = (
         points["latency_p99_ms"] if "latency_p99_ms" in points.columns else pd.Series(math.nan, points.index)
     )
@@ -113,7 +114,8 @@ def meets(points: pd.DataFrame, slo_ms: float, max_unanswered: float) -> pd.Seri
         if "unanswered_rate" in points.columns
         else pd.Series(0.0, points.index)
     )
-    return (p99 <= slo_ms) & (unanswered <= max_unanswered)
+    verdicts = [meets_slo(float(p), float(u), slo_ms, max_unanswered) for p, u in zip(p99, unanswered)]
+    return pd.Series(verdicts, index=points.index, dtype=bool)
 
 
 def max_rate_table(points: pd.DataFrame, slo_ms: float, max_unanswered: float) -> pd.DataFrame:

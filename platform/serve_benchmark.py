@@ -40,6 +40,7 @@ from genrec.platform.serve.server import HttpSettings, reconfigure, start_server
 from genrec.workloads.errors import UserInputError
 from genrec.workloads.io import atomic_write_text
 from genrec.workloads.results import command_line, git_commit
+from genrec.workloads.serving.slo import DEFAULT_SLO_MS
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -49,7 +50,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--decoder", default="beam")
     p.add_argument("--beam-width", type=int, default=20)
     p.add_argument("--k", type=int, default=10)
-    p.add_argument("--slo-ms", type=float, default=200.0)
+    p.add_argument("--slo-ms", type=float, default=DEFAULT_SLO_MS)
     p.add_argument("--max-batch-size", type=int, default=16)
     p.add_argument("--batch-wait-ms", type=float, default=5.0)
     p.add_argument("--threads", type=int, default=1, help="torch threads of the replica")

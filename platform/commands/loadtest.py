@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from genrec.workloads.errors import UserInputError
+from genrec.workloads.serving.slo import DEFAULT_MAX_UNANSWERED, DEFAULT_SLO_MS
 
 DEFAULT_RESULTS_DIR = "runs/results"  # same default as genrec.platform.tracking
 
@@ -42,7 +43,7 @@ def loadtest_command(
     ] = 30.0,
     slo_ms: Annotated[
         float, typer.Option(help="Latency SLO in ms: goodput counts answers within it; P99 must meet it.")
-    ] = 200.0,
+    ] = DEFAULT_SLO_MS,
     data: Annotated[
         Path | None,
         typer.Option(
@@ -75,7 +76,7 @@ def loadtest_command(
     max_rejection: Annotated[
         float,
         typer.Option(help="SLO also needs rejected + failed + timed-out requests at most this fraction."),
-    ] = 0.01,
+    ] = DEFAULT_MAX_UNANSWERED,
     experiment: Annotated[str, typer.Option(help="Experiment name of the result rows.")] = "loadtest",
     label: Annotated[
         str, typer.Option(help="Free text stored in the rows to tell setups apart, e.g. batching=on.")

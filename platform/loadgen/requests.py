@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from genrec.workloads.errors import UserInputError
-from genrec.workloads.serving.slo import DEFAULT_MAX_UNANSWERED
+from genrec.workloads.serving.slo import DEFAULT_MAX_UNANSWERED, DEFAULT_SLO_MS
 
 
 @dataclass
@@ -36,7 +36,7 @@ class LoadConfig:
     constraint: str | None = None  # a set the deployment configures (GET /constraint-sets) or a rule
     seed: int = 0
     timeout_s: float = 10.0  # client-side limit per request; past it the request counts as a timeout
-    slo_ms: float = 200.0
+    slo_ms: float = DEFAULT_SLO_MS
     max_unanswered_rate: float = DEFAULT_MAX_UNANSWERED  # SLO also needs rejected+errors+timeouts below it
 
     def validate(self) -> LoadConfig:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 
 from genrec.workloads.errors import UserInputError
+from genrec.workloads.serving.slo import DEFAULT_SLO_MS
 from genrec.workloads.serving.xschedule import POLICIES
 
 METRICS = (
@@ -64,7 +65,7 @@ def serving_point(
     token_budget: int = 0,
     wait_share: float = 0.3,
     budget_share: float = 0.35,
-    slo_ms: float = 200.0,
+    slo_ms: float = DEFAULT_SLO_MS,
     rates: str = "5,10,20,40,80",
     refine: int = 2,
     duration_s: float = 15.0,

@@ -33,7 +33,7 @@ from genrec.workloads.serving.open_loop import (
     summarize,
 )
 from genrec.workloads.serving.rate_search import Search, aggregate, interleaved_search
-from genrec.workloads.serving.slo import DEFAULT_MAX_UNANSWERED
+from genrec.workloads.serving.slo import DEFAULT_MAX_UNANSWERED, DEFAULT_SLO_MS
 from genrec.workloads.serving.xschedule import (
     POLICIES,
     BatchPolicy,
@@ -53,7 +53,7 @@ class Options:
 
     beam_width: int = 32
     k: int = 10
-    slo_ms: float = 200.0
+    slo_ms: float = DEFAULT_SLO_MS
     batch_wait_ms: float = 5.0  # fixed: Serve's batch_wait_timeout_s
     max_queued: int = 64  # fixed: the replica's queue bound beyond one batch
     duration_s: float = 20.0

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from genrec.workloads.serving.slo import DEFAULT_MAX_UNANSWERED, meets_slo
+from genrec.workloads.serving.slo import DEFAULT_MAX_UNANSWERED, DEFAULT_SLO_MS, meets_slo
 from genrec.workloads.serving.xschedule import BatchPolicy
 
 OUTCOMES = ("answered", "rejected", "timeout")
@@ -39,7 +39,7 @@ class LoadSpec:
     duration_s: float  # arrivals are drawn on [0, duration)
     warmup_s: float = 2.0  # arrivals before this are served but not counted
     seed: int = 0
-    slo_s: float = 0.2
+    slo_s: float = DEFAULT_SLO_MS / 1e3
     request_timeout_s: float = 10.0
     max_unanswered: float = DEFAULT_MAX_UNANSWERED
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 
+DEFAULT_SLO_MS = 200.0  # the latency objective when none is given (xGR's P99 <= 200 ms)
 DEFAULT_MAX_UNANSWERED = 0.01  # share of measured requests that may go unanswered and still meet the SLO
 
 
