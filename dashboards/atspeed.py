@@ -10,6 +10,15 @@ relaxed AtSpeed-R against the target's sampling beam search on the same users, w
 t-test over seeds of H1 "AtSpeed-R below the target"; (f) the share of strict batches whose top-K
 equals beam search's (1.0: lossless). The report registry (registry.py) sends atspeed_arm rows here;
 objectives keep their colours from style.py on every panel.
+
+This module is the page: each dataset's sections (a)-(f) and `build_atspeed_report`. Beside it:
+
+    atspeed_rows.py       labels, the tidy table of result rows, the main setting, the paper's order
+    atspeed_tables.py     Table 1, acceptance per level, the ablation table, Table 2, identical shares
+    atspeed_figures.py    acceptance per level, WS/AS against N and gamma, the ablation bars; colours
+    atspeed_ablations.py  the ablations paired by seed against their full objective (table and figure)
+
+Every name these modules export that used to be importable from here still is.
 """
 
 from __future__ import annotations
@@ -17,10 +26,21 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
-from genrec.dashboards.atspeed_rows import (  # noqa: F401  (is_atspeed_frame: the page's row test)
+from genrec.dashboards.atspeed_ablations import (  # noqa: F401 - importable from here
+    ablation_pairs,
+    ablation_records,
+    paired,
+)
+from genrec.dashboards.atspeed_figures import (  # noqa: F401 - importable from here
+    VARIANT_TINT,
+    ablation_figure,
+    acceptance_figure,
+    curve_figure,
+    objective_colour,
+)
+from genrec.dashboards.atspeed_rows import (  # noqa: F401 - importable from here (is_atspeed_frame)
     ABLATIONS,
     LABELS,
     MAX_LEVELS,
@@ -30,6 +50,7 @@ from genrec.dashboards.atspeed_rows import (  # noqa: F401  (is_atspeed_frame: t
     is_atspeed_frame,
     label,
     latest_per_setting,
+    level_columns,
     main_setting,
     mean_std,
     ordered,
@@ -37,162 +58,37 @@ from genrec.dashboards.atspeed_rows import (  # noqa: F401  (is_atspeed_frame: t
     sections_by_dataset,
     tidy,
 )
-from genrec.dashboards.page import FigureWriter, PageContext, finish_page, fmt_mean_std, html_table
-from genrec.dashboards.style import colour, rate_axis, tint, trace_styles
-from genrec.workloads.benchmarks.atspeed_arms import VERIFICATIONS
-from genrec.workloads.metrics import paired_t_test_less
+from genrec.dashboards.atspeed_tables import (  # noqa: F401 - importable from here
+    ABLATION_HEADERS,
+    TABLE2_HEADERS,
+    ablation_table,
+    acceptance_table,
+    identical_rows,
+    table1,
+    table2_rows,
+)
+from genrec.dashboards.page import FigureWriter, PageContext, finish_page, html_table
 
-# an ablation reads as a lighter shade of its full objective's colour
-VARIANT_TINT = {"w/o DR": 0.3, "w/o top-K": 0.3, "w/o CA": 0.5, "w/o TA": 0.7}
-
-
-def objective_colour(objective: str, variant: str = "") -> str:
-    """The objective's fixed colour (style.py); an ablated objective or a variant a lighter shade of it."""
-    if objective in ABLATIONS:
-        objective, variant = ABLATIONS[objective]
-    return tint(colour(objective), VARIANT_TINT.get(variant, 0.4)) if variant else colour(objective)
+# -------------------------------------------------------------------------------------- the sections
 
 
-# ------------------------------------------------------------------------------------ (a) Table 1
-
-
-def table1(main: pd.DataFrame) -> tuple[list[str], list[list[object]]]:
-    """Headers and rows of Table 1: per verification, one row per objective, WS@K then AS@K for every K.
-    The best mean of a column within a verification is marked with *."""
-    ks = sorted(main["k"].unique())
-    headers = ["verification", "objective", "seeds", *(f"WS@{k}" for k in ks), *(f"AS@{k}" for k in ks)]
-    rows: list[list[object]] = []
-    for verification in ordered(main["verification"], VERIFICATIONS):
-        part = main[main["verification"] == verification]
-        objectives = [o for o in ordered(part["objective"], list(LABELS)) if o not in ABLATIONS]
-        part = part[part["objective"].isin(objectives)]
-        means = {m: part.groupby(["k", "objective"])[m].mean() for m in ("ws", "accepted_steps")}
-        for objective in objectives:
-            rows_o = part[part["objective"] == objective]
-            seeds = ", ".join(str(s) for s in sorted(rows_o["seed"].unique()))
-            cells: list[object] = [verification, label(objective), seeds]
-            for m in ("ws", "accepted_steps"):
-                for k in ks:
-                    text = cell(rows_o.loc[rows_o["k"] == k, m], 2)
-                    column = means[m].get(k)
-                    if column is not None and len(objectives) > 1 and column.get(objective) == column.max():
-                        text += " *"
-                    cells.append(text)
-            rows.append(cells)
-    return headers, rows
-
-
-# ------------------------------------------------------------------------ (b) acceptance per level
-
-
-def level_columns(t: pd.DataFrame) -> list[str]:
-    return [
-        c
-        for c in (f"acceptance_level_{j}" for j in range(1, MAX_LEVELS + 1))
-        if c in t and t[c].notna().any()
-    ]
-
-
-def acceptance_table(main: pd.DataFrame) -> str:
-    levels = level_columns(main)
-    rows = []
-    for (verification, objective, k), part in ordered_groups(main, ("verification", "objective", "k")):
-        rows.append(
-            [
-                verification,
-                label(objective),
-                k,
-                *(cell(part[c], 3) for c in levels),
-                cell(part["accepted_steps"], 2),
-            ]
-        )
-    headers = ["verification", "objective", "K", *(f"level {c.rsplit('_', 1)[1]}" for c in levels), "AS@K"]
-    return html_table(headers, rows)
-
-
-def acceptance_figure(main: pd.DataFrame, figure: FigureWriter) -> str:
-    """Acceptance rate vs drafted level at one K (10 when swept), one panel per verification."""
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
-    levels = level_columns(main)
-    if not levels:
-        return ""
-    ks = sorted(main["k"].unique())
-    k = 10 if 10 in ks else ks[-1]
-    verifications = ordered(main["verification"], VERIFICATIONS)
-    fig = make_subplots(
-        rows=1, cols=len(verifications), subplot_titles=[f"{v}, K = {k}" for v in verifications]
+def table1_section(main: pd.DataFrame, where: str) -> str:
+    headers, rows = table1(main)
+    note = (
+        f'<p class="note">Mean ± std over seeds at {where}. WS@K: the reference\'s median ms per batch '
+        "over AtSpeed's on the same users in the same trial (strict: the target's beam search at beam K; "
+        "relaxed: its sampling beam search); AS@K: accepted levels per speculative step. "
+        "*: best mean of its column within a verification.</p>"
     )
-    objectives = ordered(main["objective"], [*LABELS, *ABLATIONS])
-    shown: set[str] = set()  # one legend entry per objective, whichever panel has it first
-    for col, verification in enumerate(verifications, start=1):
-        part = main[(main["verification"] == verification) & (main["k"] == k)]
-        for objective in objectives:
-            rows = part[part["objective"] == objective]
-            if rows.empty:
-                continue
-            stats = [mean_std(rows[c]) for c in levels]
-            fig.add_trace(
-                go.Scatter(
-                    x=list(range(1, len(levels) + 1)),
-                    y=[m for m, _ in stats],
-                    error_y={"type": "data", "array": [s for _, s in stats]},
-                    name=label(objective),
-                    legendgroup=objective,
-                    showlegend=objective not in shown,
-                    mode="lines+markers",
-                    line={"color": objective_colour(objective)},
-                ),
-                row=1,
-                col=col,
-            )
-            shown.add(objective)
-        fig.update_xaxes(title_text="drafted level j", dtick=1, row=1, col=col)
-        fig.update_yaxes(title_text="acceptance rate at level j (share, 0–1)", row=1, col=col, **rate_axis())
-    fig.update_layout(height=420)
-    return figure(fig)
+    return note + html_table(headers, rows)
 
 
-# ------------------------------------------------------------------------------ (c) N and gamma
-
-
-def curve_figure(rows: pd.DataFrame, x: str, line: str, x_title: str, figure: FigureWriter) -> str:
-    """WS@K and AS@K against `x`, one line per (verification, objective, K, `line` value)."""
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
-    fig = make_subplots(rows=1, cols=2, subplot_titles=["walltime speedup WS@K", "accepted steps AS@K"])
-    keys = ("verification", "objective", "k", line)
-    groups = [(key, part) for key, part in ordered_groups(rows, keys) if part[x].nunique() >= 2]
-    # an objective's colour, a dash per (verification, K, other parameter) within it
-    styles = trace_styles((o, f"{v} {k} {other}") for (v, o, k, other), _ in groups)
-    for key, part in groups:
-        verification, objective, k, other = key
-        style = styles[(objective, f"{verification} {k} {other}")]
-        name = f"{label(objective)} {verification} K={k}, {'N' if line == 'draft_beams' else 'gamma'}={other}"
-        for col, metric in enumerate(("ws", "accepted_steps"), start=1):
-            stats = part.groupby(x)[metric].agg(["mean", "std"]).fillna({"std": 0.0})
-            fig.add_trace(
-                go.Scatter(
-                    x=list(stats.index),
-                    y=list(stats["mean"]),
-                    error_y={"type": "data", "array": list(stats["std"])},
-                    name=name,
-                    legendgroup=name,
-                    showlegend=col == 1,
-                    mode="lines+markers",
-                    line={"color": objective_colour(objective), "dash": style.dash},
-                    marker={"symbol": style.symbol},
-                ),
-                row=1,
-                col=col,
-            )
-    fig.update_xaxes(title_text=x_title, tickvals=sorted(rows[x].unique()))
-    fig.update_yaxes(title_text="WS@K (reference ms / AtSpeed ms, x)", rangemode="tozero", row=1, col=1)
-    fig.update_yaxes(title_text="AS@K (accepted levels per SD step)", rangemode="tozero", row=1, col=2)
-    fig.update_layout(height=440)
-    return figure(fig)
+def levels_section(main: pd.DataFrame, where: str, figure: FigureWriter) -> str:
+    return (
+        f'<p class="note">Share of users verified at drafted level j whose drafts pass, at {where}.</p>'
+        + acceptance_figure(main, figure)
+        + acceptance_table(main)
+    )
 
 
 def curves_section(t: pd.DataFrame, figure: FigureWriter) -> str:
@@ -228,207 +124,33 @@ def curves_section(t: pd.DataFrame, figure: FigureWriter) -> str:
     return body + f"<details><summary>{len(rows)} settings</summary>{table}</details>"
 
 
-# ------------------------------------------------------------------------------------ (d) ablations
-
-
-def ablation_pairs(
-    t: pd.DataFrame, setting: tuple[bool, int, int]
-) -> list[tuple[str, str, pd.DataFrame, pd.DataFrame]]:
-    """(full objective, variant, full rows, ablated rows) at the main N and gamma: every ablated objective
-    against its full one with tree attention, and every objective without tree attention against itself
-    with it."""
+def ablations_section(t: pd.DataFrame, setting: tuple[bool, int, int], figure: FigureWriter) -> str:
     _, n, g = setting
-    same = t[(t["draft_beams"] == n) & (t["gamma"] == g)]
-    tree, flat = same[same["tree_attention"]], same[~same["tree_attention"]]
-    out = []
-    for ablated, (full, variant) in ABLATIONS.items():
-        if (tree["objective"] == ablated).any():
-            out.append((full, variant, tree[tree["objective"] == full], tree[tree["objective"] == ablated]))
-    for objective in ordered(flat["objective"], [*LABELS, *ABLATIONS]):
-        out.append(
-            (objective, "w/o TA", tree[tree["objective"] == objective], flat[flat["objective"] == objective])
+    ablations = ablation_records(t, setting)
+    if not ablations:
+        return (
+            '<p class="note">No ablation rows: sweep the ablated objectives '
+            "(experiments/atspeed_strict.yaml, atspeed_relaxed.yaml) or experiments/atspeed_no_ta.yaml.</p>"
         )
-    return out
+    return (
+        f'<p class="note">At N = {n}, gamma = {g}. Pairs matched by seed; Δ: mean ± std of the per-seed '
+        'difference; p: one-sided paired t-test of H1 "the variant is below the full objective". '
+        "w/o DR / w/o CA / w/o top-K: drafts trained without density regularisation, constrained "
+        "alignment or the target's top-K (top-1 only); w/o TA: the same draft verified one level per "
+        "target call.</p>" + ablation_table(ablations) + ablation_figure(ablations, figure)
+    )
 
 
-def paired(full: pd.DataFrame, ablated: pd.DataFrame, metric: str) -> dict:
-    """The variant against the full objective on one metric, pairs matched by seed: their means and stds
-    over the paired seeds, the per-seed difference (variant - full) and the one-sided paired t-test's p
-    of H1 "variant below full" (NaN below 2 pairs)."""
-    a, f = by_seed(ablated), by_seed(full)
-    seeds = sorted(set(a.index) & set(f.index))
-    fa, ab = f.loc[seeds, metric], a.loc[seeds, metric]
-    p = paired_t_test_less(ab.tolist(), fa.tolist())["p_value"] if len(seeds) >= 2 else float("nan")
-    return {
-        "seeds": len(seeds),
-        "full": mean_std(fa),
-        "variant": mean_std(ab),
-        "diff": mean_std(ab - fa),
-        "p": p,
-    }
-
-
-def ablation_records(t: pd.DataFrame, setting: tuple[bool, int, int]) -> list[dict]:
-    """One record per (variant, verification, K): `paired` on WS@K and on AS@K."""
-    out: list[dict] = []
-    for full, variant, full_rows, ablated_rows in ablation_pairs(t, setting):
-        for (verification, k), part in ordered_groups(ablated_rows, ("verification", "k")):
-            base = full_rows[(full_rows["verification"] == verification) & (full_rows["k"] == k)]
-            out.append(
-                {
-                    "verification": verification,
-                    "full": full,
-                    "variant": variant,
-                    "k": int(k),
-                    "ws": paired(base, part, "ws"),
-                    "as": paired(base, part, "accepted_steps"),
-                }
-            )
-    return out
-
-
-def ablation_table(records: list[dict]) -> str:
-    rows = []
-    for r in records:
-        cells: list[object] = [r["verification"], label(r["full"]), r["variant"], r["k"], r["ws"]["seeds"]]
-        for metric in ("ws", "as"):
-            res = r[metric]
-            p = "–" if np.isnan(res["p"]) else f"{res['p']:.3f}"
-            cells += [
-                fmt_mean_std(*res["full"], 2),
-                fmt_mean_std(*res["variant"], 2),
-                fmt_mean_std(*res["diff"], 2),
-                p,
-            ]
-        rows.append(cells)
-    return html_table(ABLATION_HEADERS, rows)
-
-
-ABLATION_HEADERS = [
-    "verification",
-    "full objective",
-    "variant",
-    "K",
-    "paired seeds",
-    "WS@K full",
-    "WS@K variant",
-    "ΔWS (variant - full)",
-    "p (H1: variant WS below)",
-    "AS@K full",
-    "AS@K variant",
-    "ΔAS (variant - full)",
-    "p (H1: variant AS below)",
-]
-
-
-def ablation_figure(records: list[dict], figure: FigureWriter) -> str:
-    """Figure 3: bars of WS@K (top) and AS@K (bottom) per K for each full objective and its variants,
-    one column per verification (means over the paired seeds, error bars ± std)."""
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
-    verifications = ordered([r["verification"] for r in records], VERIFICATIONS)
-    titles = [f"{v}: {m}" for m in ("WS@K", "AS@K") for v in verifications]
-    fig = make_subplots(rows=2, cols=len(verifications), subplot_titles=titles)
-    shown: set[str] = set()  # one legend entry per bar name, across panels
-    for col, verification in enumerate(verifications, start=1):
-        bars: dict[str, dict[int, tuple[tuple[float, float], tuple[float, float]]]] = {}
-        colours: dict[str, str] = {}
-        for r in (r for r in records if r["verification"] == verification):
-            bars.setdefault(label(r["full"]), {}).setdefault(r["k"], (r["ws"]["full"], r["as"]["full"]))
-            variant = f"{label(r['full'])} {r['variant']}"
-            bars.setdefault(variant, {})[r["k"]] = (r["ws"]["variant"], r["as"]["variant"])
-            colours[label(r["full"])] = objective_colour(r["full"])
-            colours[variant] = objective_colour(r["full"], r["variant"])
-        for name, per_k in bars.items():
-            first = name not in shown
-            shown.add(name)
-            ks = sorted(per_k)
-            for row in (1, 2):
-                stats = [per_k[k][row - 1] for k in ks]
-                fig.add_trace(
-                    go.Bar(
-                        x=[f"K={k}" for k in ks],
-                        y=[m for m, _ in stats],
-                        error_y={"type": "data", "array": [s for _, s in stats]},
-                        name=name,
-                        legendgroup=name,
-                        showlegend=first and row == 1,
-                        marker_color=colours[name],
-                    ),
-                    row=row,
-                    col=col,
-                )
-        fig.update_yaxes(title_text="WS@K (reference ms / AtSpeed ms, x)", rangemode="tozero", row=1, col=col)
-        fig.update_yaxes(title_text="AS@K (accepted levels per SD step)", rangemode="tozero", row=2, col=col)
-        fig.update_xaxes(title_text="K (items recommended)", row=1, col=col)
-        fig.update_xaxes(title_text="K (items recommended)", row=2, col=col)
-    fig.update_layout(barmode="group", height=820)
-    return figure(fig)
-
-
-# ------------------------------------------------------------------------------------- (e) Table 2
-
-
-def table2_rows(
-    t: pd.DataFrame, setting: tuple[bool, int, int], objective: str = "atspeed_r"
-) -> list[list[object]]:
-    """Per metric and K: the target's beam search (temperature 0, from strict rows' reference when the
-    page has them), its sampling beam search and relaxed AtSpeed-R on the same users, the paired
-    difference and the one-sided paired t-test of H1 "AtSpeed-R below the target", and WS@K."""
-    main = at_setting(t, setting)
-    relaxed = main[(main["verification"] == "relaxed") & (main["objective"] == objective)]
-    strict = t[t["verification"] == "strict"]  # beam search does not depend on the draft or the setting
-    rows: list[list[object]] = []
-    for family, name in (("recall", "Recall"), ("ndcg", "NDCG")):
-        for k in sorted(relaxed["k"].unique()):
-            part = by_seed(relaxed[relaxed["k"] == k])
-            ref, at = part[f"reference_{family}"], part[f"atspeed_{family}"]
-            greedy = (
-                by_seed(strict[strict["k"] == k])[f"reference_{family}"]
-                if len(strict)
-                else pd.Series(dtype=float)
-            )
-            cells: list[object] = [f"{name}@{k}", len(part), cell(greedy, 4), cell(ref, 4), cell(at, 4)]
-            if len(part) >= 2:
-                res = paired_t_test_less(at.tolist(), ref.tolist())
-                verdict = "significantly below" if res["p_value"] < 0.05 else "not significantly below"
-                t_text = "-" if np.isnan(res["t"]) else f"{res['t']:.2f}"
-                cells += [cell(at - ref, 4), t_text, f"{res['p_value']:.3f}", verdict]
-            else:
-                cells += [cell(at - ref, 4), "-", "-", "needs 2 or more seeds"]
-            rows.append(cells + [cell(part["ws"], 2)])
-    return rows
-
-
-TABLE2_HEADERS = [
-    "metric",
-    "seeds",
-    "target beam search (T=0)",
-    "target sampling (T=1)",
-    "AtSpeed-R relaxed",
-    "Δ (AtSpeed-R - target sampling)",
-    "t",
-    "p (H1: AtSpeed-R below)",
-    "verdict",
-    "WS@K vs target sampling",
-]
-
-
-# ------------------------------------------------------------------------------ (f) strict lossless
-
-
-def identical_rows(t: pd.DataFrame) -> list[list[object]]:
-    """Strict rows per objective and tree attention: the smallest identical_share over seeds, N and
-    gamma at each K (1.0: every batch's top-K equals beam search's)."""
-    strict = t[t["verification"] == "strict"]
-    ks = sorted(strict["k"].unique())
-    rows = []
-    for (objective, tree), part in ordered_groups(strict, ("objective", "tree_attention")):
-        mins = [part.loc[part["k"] == k, "identical_share"].min() for k in ks]
-        cells = ["–" if pd.isna(m) else f"{m:.4f}" for m in mins]
-        rows.append([label(objective), "on" if tree else "off", len(part), *cells])
-    return rows
+def table2_section(t: pd.DataFrame, setting: tuple[bool, int, int], where: str) -> str:
+    table2 = table2_rows(t, setting)
+    if not table2:
+        return '<p class="note">Needs relaxed atspeed_r rows (experiments/atspeed_relaxed.yaml).</p>'
+    return (
+        f'<p class="note">Relaxed AtSpeed-R at {where} against the target\'s sampling beam search on the '
+        "same users and seed; T=0: the target's beam search from the strict rows. Mean ± std over seeds; p: "
+        'one-sided paired t-test of H1 "AtSpeed-R below the target" (p >= 0.05: not significantly '
+        "below).</p>" + html_table(TABLE2_HEADERS, table2)
+    )
 
 
 def identical_section(t: pd.DataFrame) -> str:
@@ -458,45 +180,16 @@ def dataset_sections(
     tree, n, g = setting
     main = at_setting(t, setting)
     where = f"N = {n}, gamma = {g}, tree attention {'on' if tree else 'off'}"
-    headers, rows = table1(main)
-    note = (
-        f'<p class="note">Mean ± std over seeds at {where}. WS@K: the reference\'s median ms per batch '
-        "over AtSpeed's on the same users in the same trial (strict: the target's beam search at beam K; "
-        "relaxed: its sampling beam search); AS@K: accepted levels per speculative step. "
-        "*: best mean of its column within a verification.</p>"
-    )
-    ablations = ablation_records(t, setting)
-    ablation_body = (
-        f'<p class="note">At N = {n}, gamma = {g}. Pairs matched by seed; Δ: mean ± std of the per-seed '
-        'difference; p: one-sided paired t-test of H1 "the variant is below the full objective". '
-        "w/o DR / w/o CA / w/o top-K: drafts trained without density regularisation, constrained "
-        "alignment or the target's top-K (top-1 only); w/o TA: the same draft verified one level per "
-        "target call.</p>" + ablation_table(ablations) + ablation_figure(ablations, figure)
-        if ablations
-        else '<p class="note">No ablation rows: sweep the ablated objectives '
-        "(experiments/atspeed_strict.yaml, atspeed_relaxed.yaml) or experiments/atspeed_no_ta.yaml.</p>"
-    )
-    table2 = table2_rows(t, setting)
-    table2_body = (
-        f'<p class="note">Relaxed AtSpeed-R at {where} against the target\'s sampling beam search on the '
-        "same users and seed; T=0: the target's beam search from the strict rows. Mean ± std over seeds; p: "
-        'one-sided paired t-test of H1 "AtSpeed-R below the target" (p >= 0.05: not significantly '
-        "below).</p>" + html_table(TABLE2_HEADERS, table2)
-        if table2
-        else '<p class="note">Needs relaxed atspeed_r rows (experiments/atspeed_relaxed.yaml).</p>'
-    )
     return [
-        (f"{anchor}-table1", f"{name}: WS@K and AS@K (Table 1)", note + html_table(headers, rows)),
-        (
-            f"{anchor}-levels",
-            f"{name}: acceptance per drafted level",
-            f'<p class="note">Share of users verified at drafted level j whose drafts pass, at {where}.</p>'
-            + acceptance_figure(main, figure)
-            + acceptance_table(main),
-        ),
+        (f"{anchor}-table1", f"{name}: WS@K and AS@K (Table 1)", table1_section(main, where)),
+        (f"{anchor}-levels", f"{name}: acceptance per drafted level", levels_section(main, where, figure)),
         (f"{anchor}-curves", f"{name}: draft beams N and draft length gamma", curves_section(t, figure)),
-        (f"{anchor}-ablations", f"{name}: ablations (Figure 3)", ablation_body),
-        (f"{anchor}-table2", f"{name}: relaxed AtSpeed-R vs target sampling (Table 2)", table2_body),
+        (f"{anchor}-ablations", f"{name}: ablations (Figure 3)", ablations_section(t, setting, figure)),
+        (
+            f"{anchor}-table2",
+            f"{name}: relaxed AtSpeed-R vs target sampling (Table 2)",
+            table2_section(t, setting, where),
+        ),
         (f"{anchor}-identical", f"{name}: strict verification is lossless", identical_section(t)),
     ]
 

@@ -1,6 +1,6 @@
 """The AtSpeed page's rows (dashboards/atspeed.py): labels as the paper prints them, the tidy table
-(one row per result row: setting, seed, dataset and the metrics the page reads), the main setting of
-Table 1, and grouping in the paper's order. No figures here.
+(one row per result row: setting, seed, dataset and the metrics the page reads), the acceptance columns
+it has, the main setting of Table 1, and grouping in the paper's order. No figures here.
 """
 
 from __future__ import annotations
@@ -99,6 +99,15 @@ def tidy(df: pd.DataFrame) -> pd.DataFrame:
         for family in ("recall", "ndcg"):
             t[f"{side}_{family}"] = _at_k(df, f"{side}_{family}", t["k"])
     return t
+
+
+def level_columns(t: pd.DataFrame) -> list[str]:
+    """The acceptance_level_<j> columns that have a value in `t`, level 1 first."""
+    return [
+        c
+        for c in (f"acceptance_level_{j}" for j in range(1, MAX_LEVELS + 1))
+        if c in t and t[c].notna().any()
+    ]
 
 
 def sections_by_dataset(t: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:

@@ -32,18 +32,26 @@ Every non-2xx answer of the app is JSON `{"detail": "..."}`, unexpected errors (
 HAProxy ingress turns its own and Serve's plain-text errors into the same shape (haproxy_guard.py).
 
 `build_app(args)` is the application builder that `serve build` / `serve deploy` and
-`genrec serve` use.
+`genrec serve` use (APP_IMPORT_PATH, `genrec.platform.serve.app:build_app`, names it).
+
+This module is the deployment class (`Recommender`: its endpoints, admission and the batching policies)
+and its builder. Beside it:
+
+    http_io.py             reading a body within its bounds; the JSON error and overload (Retry-After) answers
+    batch_decoder.py       one batch: groups by decoder and Params, token-bounded calls, expired requests
+    replica_setup.py       a replica's DecoderHost config, its constraint sets (built once) and its Limits
+    deployment_options.py  the deployment's Serve options (resources, queue bounds, user_config, shutdown)
+
+Every name these modules export that used to live here is still importable from here.
 """
 
 # no `from __future__ import annotations`: FastAPI reads the endpoints' annotations at runtime
 
 import asyncio
 import json
-import math
 import os
 import sys
 import time
-from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from typing import Any
@@ -51,36 +59,34 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from ray import serve
-from ray.serve.config import BackpressureConfig
 from starlette.requests import ClientDisconnect
 
-from genrec.platform.actors import DecoderHost, HostConfig, actor_resources
+from genrec.platform.actors import DecoderHost, actor_resources
 from genrec.platform.params import describe_parameters
+from genrec.platform.serve.batch_decoder import (
+    EXPIRED,
+    BatchDecoder,
+    QueuedJob,
+    response_body,  # noqa: F401 - importable from here
+    token_chunks,  # noqa: F401 - importable from here
+)
 from genrec.platform.serve.config import (
     DEPLOYMENT_NAME,
     BatchingConfig,
-    ConstraintFields,
-    ServeConfig,
     check_model_dir,
     parse_serve_config,
 )
+from genrec.platform.serve.deployment_options import deployment_options
+from genrec.platform.serve.http_io import CLIENT_CLOSED, error_response, overloaded, read_body
 from genrec.platform.serve.ingress import active_handler_loop, active_ingress
 from genrec.platform.serve.ranking import NO_RANKING_MODEL, RankingService
-from genrec.platform.serve.requests import (
-    MAX_BODY_BYTES,
-    Limits,
-    RecommendJob,
-    RequestError,
-    parse_recommend,
-    request_tokens,
-)
+from genrec.platform.serve.replica_setup import check_constraint_sets, host_config, request_limits
+from genrec.platform.serve.requests import MAX_BODY_BYTES, RecommendJob, RequestError, parse_recommend
 from genrec.platform.serve.scheduler import PolicyScheduler
 from genrec.workloads.errors import UserInputError
 from genrec.workloads.serving.xschedule import SLOBatchPolicy
 
 api = FastAPI(title="genrec-lab recommender", version="1")
-CLIENT_CLOSED = 499  # nginx's "client closed request": logged as a client event, not a server error
-EXPIRED = "expired"  # a batch's answer for a request whose deadline passed before it was decoded
 
 
 @api.exception_handler(Exception)
@@ -91,104 +97,8 @@ async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     )
 
 
-# Everything the deployment class uses is defined above it: Serve serialises the class when the
-# decorator runs, so a helper defined further down would be missing in the replica.
-
-
-def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"detail": message}, status_code=status)
-
-
-async def read_body(request: Request, max_bytes: int, timeout_s: float) -> bytes:
-    """The whole body within `timeout_s` and `max_bytes`, or RequestError (408, 413, 400): a client that
-    stalls mid-body or streams without end cannot hold an admission slot for longer than that."""
-    declared = request.headers.get("content-length")
-    if declared is not None:
-        if not declared.isdigit():
-            raise RequestError(400, f"Content-Length {declared[:40]!r} is not a byte count")
-        if int(declared) > max_bytes:
-            raise RequestError(413, f"request body is {declared} bytes; the limit is {max_bytes}")
-
-    async def collect() -> bytes:
-        chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > max_bytes:
-                raise RequestError(413, f"request body is over {max_bytes} bytes, the limit")
-            chunks.append(chunk)
-        return b"".join(chunks)
-
-    try:
-        return await asyncio.wait_for(collect(), timeout_s)
-    except TimeoutError:
-        raise RequestError(
-            408, f"the request body did not arrive within body_timeout_s={timeout_s:g} s; send it at once"
-        ) from None
-
-
-def token_chunks(members: list[int], tokens: list[int], budget: int) -> list[list[int]]:
-    """Split one group's requests into decoder calls of at most `budget` tokens each (a request alone
-    always fits: admission refused larger ones)."""
-    chunks: list[list[int]] = [[]]
-    used = 0
-    for i in members:
-        if chunks[-1] and used + tokens[i] > budget:
-            chunks.append([])
-            used = 0
-        chunks[-1].append(i)
-        used += tokens[i]
-    return chunks
-
-
-def check_constraint_sets(
-    host: DecoderHost, cfg: ServeConfig
-) -> tuple[dict[str, ConstraintFields], dict[str, str]]:
-    """Build every configured set once, for every served decoder that takes a constraint, by decoding a
-    history with it (so requests never pay for a build); sets that cannot be built are reported."""
-    takers = [name for name, p in host.defaults.items() if hasattr(p, "constraint")]
-    history = host.sample_histories(1)
-    ok, unavailable = {}, {}
-    for set_name, spec in cfg.constraint_sets.items():
-        fields = spec.constraint_fields()
-        if not takers:
-            unavailable[set_name] = f"no served decoder takes a constraint ({list(cfg.decoders)})"
-            continue
-        try:
-            for decoder in takers:
-                host.decode(history, decoder, host.resolve(decoder, fields.values())[1])
-            ok[set_name] = fields
-        except UserInputError as e:
-            unavailable[set_name] = f"{decoder}: {e}"
-    return ok, unavailable
-
-
-def overloaded(status: int, message: str, retry_after_s: float) -> JSONResponse:
-    """503 (or 429) with Retry-After in whole seconds, at least 1 (HTTP's unit)."""
-    return JSONResponse(
-        {"detail": message},
-        status_code=status,
-        headers={"Retry-After": str(max(1, math.ceil(retry_after_s)))},
-    )
-
-
-def response_body(job: RecommendJob, row, out, queue_ms: float, batch: int) -> dict[str, Any]:
-    items = [
-        {"item_id": int(i), "sid": [int(c) for c in sid], "score": float(s)}
-        for i, sid, s, ok in zip(row.item_ids, row.sids, row.scores, row.valid)
-        if ok
-    ][: job.k]
-    return {
-        "items": items,
-        "decoder": out.decoder,
-        "k": job.k,
-        "params": asdict(out.params),
-        "invalid_dropped": int(sum(not v for v in row.valid[: job.k])),
-        "history_truncated": bool(job.truncated_from),
-        "notes": list(job.notes),
-        "batch_size": batch,
-        # decoder_call is the whole call; the decoder's own phases (prefill, decode, ...) sit beside it
-        "timings_ms": {"queue": queue_ms, "decoder_call": out.decode_ms, **out.timings_ms},
-    }
+# Everything the deployment class uses is imported or defined above it: Serve serialises the class when
+# the decorator runs, so a helper defined further down would be missing in the replica.
 
 
 @serve.deployment(name=DEPLOYMENT_NAME)
@@ -198,33 +108,12 @@ class Recommender:
         self.cfg = parse_serve_config(config)
         if self.cfg.gil_switch_interval_s:
             sys.setswitchinterval(self.cfg.gil_switch_interval_s)
-        host_cfg = HostConfig(
-            model=str(self.cfg.model),
-            data=str(self.cfg.data) if self.cfg.data else None,
-            draft=str(self.cfg.draft) if self.cfg.draft else None,
-            device=self.cfg.device,
-            threads=self.cfg.threads,
-            decoders=tuple(self.cfg.decoders),
-            defaults=self.cfg.defaults,
-            warmup_batches=self.cfg.warmup_batches,
-        )
-        self.host = DecoderHost(host_cfg)
+        self.host = DecoderHost(host_config(self.cfg))
         sets, unavailable = check_constraint_sets(self.host, self.cfg)
-        self.limits = Limits(
-            num_items=self.host.num_items,
-            max_history=self.host.max_history,
-            max_k=self.cfg.max_k,
-            history_policy=self.cfg.history_policy,
-            decoders=tuple(self.cfg.decoders),
-            default_decoder=self.cfg.decoders[0],
-            defaults=dict(self.host.defaults),
-            constraint_sets=sets,
-            unavailable_sets=unavailable,
-            max_beam_width=self.cfg.limits.max_beam_width,
-            max_history_items=self.cfg.limits.max_history_items,
-            max_batch_tokens=self.cfg.limits.max_batch_tokens,
-            levels=self.host.context.codec.levels,
-        )
+        self.limits = request_limits(self.cfg, self.host, sets, unavailable)
+        # what a batch of either policy runs on; it counts the requests it drops as `expired` (of those
+        # timed out, the ones dropped before decoding: their deadline passed in the queue)
+        self.batch_decoder = BatchDecoder(self.host, self.limits)
         self.batching = self.cfg.batching
         self.request_timeout_s = self.cfg.request_timeout_s
         # the `slo` policy's batcher (used while batching.policy is slo; kept so a live switch back
@@ -237,7 +126,6 @@ class Recommender:
         self.rejected = 0  # turned away by admission (503/429)
         self.slo_rejected = 0  # of those, by the slo policy's admission control
         self.timed_out = 0  # answered 504: no answer within request_timeout_s
-        self.expired = 0  # of those, dropped before decoding (their deadline passed in the queue)
         self.body_timeouts = 0  # answered 408: the body did not arrive within body_timeout_s
         self.inflight = 0  # admitted requests not yet answered (reading the body, queued or decoding)
         # one thread: decoder calls run one at a time, as on the event loop, but off it
@@ -292,7 +180,7 @@ class Recommender:
             "rejected": self.rejected,
             "slo_rejected": self.slo_rejected,
             "timed_out": self.timed_out,
-            "expired": self.expired,
+            "expired": self.batch_decoder.expired,
             "body_timeouts": self.body_timeouts,
             "inflight": self.inflight,
             "limits": {"max_k": self.cfg.max_k, **self.cfg.limits.model_dump()},
@@ -359,9 +247,9 @@ class Recommender:
             job = parse_recommend(body, self.limits)
         except RequestError as e:
             self.body_timeouts += e.status == 408
-            return _error(e.status, e.message)
+            return error_response(e.status, e.message)
         except ClientDisconnect:  # the client hung up before sending its body: nobody reads an answer
-            return _error(CLIENT_CLOSED, "client closed the connection")
+            return error_response(CLIENT_CLOSED, "client closed the connection")
         deadline = arrived + self.request_timeout_s
         predicted_s = 0.0  # the slo policy's prediction at admission
         if self.batching.policy == "slo":
@@ -377,13 +265,13 @@ class Recommender:
             out = EXPIRED
         if out == EXPIRED:
             self.timed_out += 1
-            return _error(
+            return error_response(
                 504,
                 f"no answer within request_timeout_s={self.request_timeout_s} s; the server is "
                 "overloaded: retry later or raise request_timeout_s",
             )
         if isinstance(out, UserInputError):  # the decoder rejected this request's group
-            return _error(422, str(out))
+            return error_response(422, str(out))
         server_s = time.perf_counter() - arrived
         out["timings_ms"]["server"] = server_s * 1e3
         if predicted_s:  # how late answers come against the policy's predictions calibrates admission
@@ -396,27 +284,28 @@ class Recommender:
     async def rank(self, request: Request) -> JSONResponse:
         arrived = time.perf_counter()
         if self.ranking is None:
-            return _error(404, NO_RANKING_MODEL)
+            return error_response(404, NO_RANKING_MODEL)
         try:
             body = await read_body(request, self.ranking.limits.max_body_bytes, self.cfg.body_timeout_s)
             return JSONResponse(self.ranking.answer(body, arrived))
         except RequestError as e:
-            return _error(e.status, e.message)
+            return error_response(e.status, e.message)
         except ClientDisconnect:
-            return _error(CLIENT_CLOSED, "client closed the connection")
+            return error_response(CLIENT_CLOSED, "client closed the connection")
 
     # ---- batching --------------------------------------------------------------------------------
     @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.005)  # replaced by user_config at start
-    async def _decode_batch(self, requests: list[tuple[RecommendJob, float, float]]) -> list[Any]:
+    async def _decode_batch(self, requests: list[QueuedJob]) -> list[Any]:
         return await self._run_scheduled_batch(requests)
 
-    async def _run_scheduled_batch(self, requests: list[tuple[RecommendJob, float, float]]) -> list[Any]:
+    async def _run_scheduled_batch(self, requests: list[QueuedJob]) -> list[Any]:
         """One batch of either policy, in the decoder thread (or on the loop: decode_in_thread false)."""
         started = time.perf_counter()
+        decode = self.batch_decoder.decode
         if self.cfg.decode_in_thread:
             loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(self.decoder_thread, self._decode_groups, requests, started)
-        return self._decode_groups(requests, started)
+            return await loop.run_in_executor(self.decoder_thread, decode, requests, started)
+        return decode(requests, started)
 
     def _submit_slo(self, job: RecommendJob, arrived: float, deadline: float) -> Any:
         """The `slo` policy's admission: (a future of the answer, its predicted latency), or the
@@ -424,7 +313,7 @@ class Recommender:
         miss the SLO if queued)."""
         b = self.batching
         if job.tokens > b.token_budget:
-            return _error(
+            return error_response(
                 422,
                 f"this request needs {job.tokens} tokens (beams x prompt tokens), above this deployment's "
                 f"batching.token_budget={b.token_budget}; send a narrower beam or a shorter history",
@@ -449,76 +338,6 @@ class Recommender:
             "service_us_per_token": policy.service.s_per_token * 1e6,
             "lateness_factor": policy.calibration.factor(),  # recent observed / predicted latency
         }
-
-    def _decode_groups(self, requests: list[tuple[RecommendJob, float, float]], started: float) -> list[Any]:
-        answers: list[Any] = [EXPIRED] * len(requests)
-        groups: dict[tuple, list[int]] = defaultdict(list)
-        for i, (job, _, _) in enumerate(requests):
-            groups[job.group].append(i)
-        tokens = [
-            job.tokens or request_tokens(job.params, len(job.history), self.limits.levels)
-            for job, _, _ in requests
-        ]
-        for (decoder, params), members in groups.items():
-            for chunk in token_chunks(members, tokens, self.limits.max_batch_tokens):
-                # checked per call, just before it: a request whose client has already had its 504 is
-                # not decoded (a long earlier call in this batch may have used up its time)
-                now = time.perf_counter()
-                live = [i for i in chunk if requests[i][2] > now]
-                self.expired += len(chunk) - len(live)
-                if live:
-                    self._decode_call(requests, live, decoder, params, started, answers)
-        # serve.batch wants one result per request; an exception object is handed back, not raised,
-        # so one bad group does not fail the other requests of the batch
-        return answers
-
-    def _decode_call(
-        self,
-        requests: list[tuple[RecommendJob, float, float]],
-        members: list[int],
-        decoder: str,
-        params: Any,
-        started: float,
-        answers: list[Any],
-    ) -> None:
-        try:  # the job's frozen Params as parsed: no re-validation, no dict round trip
-            out = self.host.decode([list(requests[i][0].history) for i in members], decoder, params)
-        except UserInputError as e:
-            for i in members:
-                answers[i] = e
-            return
-        for row, i in zip(out.items, members):
-            job, arrived, _ = requests[i]
-            answers[i] = response_body(job, row, out, queue_ms=(started - arrived) * 1e3, batch=len(requests))
-
-
-def deployment_options(cfg: ServeConfig, cluster: dict[str, float] | None = None) -> dict[str, Any]:
-    res = actor_resources(cluster or {}, cfg.threads, cfg.num_gpus)
-    if cfg.num_cpus is not None:
-        res["num_cpus"] = cfg.num_cpus
-    opts: dict[str, Any] = {
-        "ray_actor_options": res,
-        # Admit every request the replica's own bounded queue may hold: when the replica is full,
-        # Serve's router backs off (up to 0.5 s) and re-probes, which collapses throughput under
-        # overload; the replica rejects beyond its bound instead (see `recommend`).
-        "max_ongoing_requests": cfg.max_ongoing_requests
-        or cfg.max_queued_requests + 2 * max(cfg.batching.max_batch_size, 16),
-        "max_queued_requests": cfg.max_queued_requests,
-        "backpressure_config": BackpressureConfig(
-            status_code=cfg.overload_status, retry_after_s=cfg.retry_after_s
-        ),
-        "user_config": {**cfg.batching.model_dump(), "request_timeout_s": cfg.request_timeout_s},
-        # one log line per request costs CPU that the decoder needs; errors are still logged
-        "logging_config": {"enable_access_log": False, "log_level": "WARNING"},
-        # Ctrl-C or a redeploy after an overload should not wait for a long queue to drain
-        "graceful_shutdown_timeout_s": 5.0,
-        "graceful_shutdown_wait_loop_s": 0.5,
-    }
-    if cfg.autoscaling:  # Serve takes either a fixed replica count or an autoscaling config
-        opts["autoscaling_config"] = cfg.autoscaling
-    else:
-        opts["num_replicas"] = cfg.num_replicas
-    return opts
 
 
 def build_app(args: dict[str, Any]):
