@@ -10,7 +10,7 @@ Users of it:
 * a DecoderActor (a `ray.remote(DecoderHost)` actor), started with `start_decoder_actor`, which asks
   for a GPU when the cluster has one;
 * the Serve app (`genrec.platform.serve.app`): each replica owns one host;
-* sweep trials (`genrec.platform.sweep_trial.run_trial`): `cached_host` keeps one host per worker process,
+* sweep trials (`genrec.platform.sweep.trial.run_trial`): `cached_host` keeps one host per worker process,
   because Tune reuses worker processes between trials and loading a model per trial would dominate
   short trials.
 """

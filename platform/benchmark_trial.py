@@ -62,7 +62,7 @@ def benchmark_row(spec: TrialSpec, run_id: str, params: dict, seed: int, metrics
 
 def run_benchmark_trial(config: dict) -> None:
     """Tune function trainable for `benchmark:` experiments (chosen by run_sweep)."""
-    from genrec.platform.sweep_trial import SPEC_KEY, begin_trial, report_trial_row
+    from genrec.platform.sweep.trial import SPEC_KEY, begin_trial, report_trial_row
     from genrec.workloads.benchmarks.registry import get_benchmark
 
     t0 = time.perf_counter()

@@ -1,41 +1,72 @@
 """Result rows as MLflow runs: one parent run per sweep, one child run per Parquet row.
 
 The same flat row that goes to Parquet (genrec.platform.tracking, the source of truth) goes to MLflow,
-idempotent by the row's run id; docs/mlflow.md lists how columns map to params, metrics and tags.
-mlflow is imported only when used.
+idempotent by the row's run id: every write first looks runs up by the `genrec.run_id` tag, so writing
+a row again never adds a second run (see MlflowStore.log_row). Parquet is the source of truth:
+`sync_from_parquet` repairs MLflow from it (a driver killed between the two writes, runs left RUNNING,
+runs logged before trials were nested or named). How a row maps to params, metrics and tags is
+genrec.platform.mlflow_rows (docs/mlflow.md lists it); how a run is named, genrec.platform.mlflow_naming.
+Both modules' names are importable from here too. mlflow is imported only when used.
+
+A sweep is one parent run (kind 'sweep') with one child run per trial (MLflow's own
+`mlflow.parentRunId` tag, which the UI shows as an expandable row). The parent is opened when the
+sweep starts, so trials logged while it runs are nested at once, and finished with the sweep's
+summary, its best trial and its artifacts. An interrupted sweep (Ctrl-C) ends it KILLED; `--resume`
+reopens the same run RUNNING.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
-import re
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from genrec.workloads.errors import UserInputError
+from genrec.platform.mlflow_naming import RunNaming
+from genrec.platform.mlflow_rows import (
+    CREATED_TAG,
+    KIND_TAG,
+    PARAM_COLUMNS,
+    RUN_ID_TAG,
+    TAG_COLUMNS,
+    benchmark_arguments,
+    best_trial_row,
+    is_number,
+    mlflow_name,
+    row_identity,
+    row_params,
+    split_row_for_mlflow,
+    trial_times_ms,
+    value_text,
+)
 from genrec.workloads.results_store import read_rows
 
-# --- MLflow --------------------------------------------------------------------------------------
-# The same flat row goes to MLflow, split into params (what was run), metrics (what was measured)
-# and tags (where and with what it ran); docs/mlflow.md lists the mapping. Column names are kept,
-# except that MLflow forbids '@' in names: 'recall@10' is logged as 'recall_at_10'. A run carries the
-# row's run id in the tag `genrec.run_id`; every write first looks runs up by that tag, so writing a
-# row again never adds a second run (see MlflowStore.log_row). Parquet is the source of truth:
-# `sync_from_parquet` repairs MLflow from it (a driver killed between the two writes, runs left
-# RUNNING, runs logged before trials were nested or named).
-#
-# A sweep is one parent run (kind 'sweep') with one child run per trial (MLflow's own
-# `mlflow.parentRunId` tag, which the UI shows as an expandable row). The parent is opened when the
-# sweep starts, so trials logged while it runs are nested at once, and finished with the sweep's
-# summary, its best trial and its artifacts. An interrupted sweep (Ctrl-C) ends it KILLED; `--resume`
-# reopens the same run RUNNING.
+__all__ = [  # this module's own names, and the row mapping and run naming it re-exports
+    "CREATED_TAG",
+    "EXPERIMENT_KIND",
+    "EXPERIMENT_KIND_TAG",
+    "KIND_TAG",
+    "NAMING_TAG",
+    "NOTE_TAG",
+    "PARAM_COLUMNS",
+    "PARENT_TAG",
+    "RUN_ID_TAG",
+    "TAG_COLUMNS",
+    "MlflowStore",
+    "RunNaming",
+    "benchmark_arguments",
+    "best_trial_row",
+    "is_number",
+    "mlflow_name",
+    "prepare_mlflow",
+    "row_identity",
+    "row_params",
+    "split_row_for_mlflow",
+    "sqlite_uri",
+    "trial_times_ms",
+    "value_text",
+]
 
-KIND_TAG = "genrec.kind"  # "trial" (one per result row) or "sweep" (one per experiment)
-RUN_ID_TAG = "genrec.run_id"
-CREATED_TAG = "genrec.created_at"  # with trial_started_at: tells a re-evaluated row from the same one
 NAMING_TAG = "genrec.run_naming"  # on the sweep run: which values name its trials (RunNaming as JSON)
 PARENT_TAG = "mlflow.parentRunId"  # MLflow's nesting: the UI lists a trial under its sweep run
 NOTE_TAG = "mlflow.note.content"  # MLflow's description (markdown) of an experiment or a run
@@ -43,188 +74,11 @@ NOTE_TAG = "mlflow.note.content"  # MLflow's description (markdown) of an experi
 # "Overview"; 3.17's UI follows its per-browser GenAI / Model training switch instead (docs/mlflow.md)
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
-PARAM_COLUMNS = (
-    "decoder",
-    "decoder_params",
-    "dataset",
-    "model",
-    "draft",
-    "split",
-    "seed",
-    "batch_size",
-    "users",
-    "repeats",
-)
-TAG_COLUMNS = (
-    "experiment",
-    "device",
-    "threads",
-    "torch_version",
-    "triton_version",
-    "python_version",
-    "git_commit",
-    "host",
-    "schema_version",
-    "ray_trial_id",
-    "trial_started_at",
-)
-_BAD_NAME_CHARS = re.compile(r"[^\w./\- ]")
 
 
 def sqlite_uri(results_dir: str | os.PathLike) -> str:
     """The embedded MLflow store: an absolute sqlite path under the results folder."""
     return f"sqlite:///{Path(results_dir).resolve() / 'mlflow.db'}"
-
-
-def mlflow_name(column: str) -> str:
-    return _BAD_NAME_CHARS.sub("_", column.replace("@", "_at_"))
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def benchmark_arguments(flat: dict) -> set[str]:
-    """The keyword arguments of the benchmark that made a row (none for other rows): a benchmark
-    returns them beside its measurements (mari_matmul's `b`, `d_user`, `d_cross`, ...)."""
-    if not flat.get("benchmark"):
-        return set()
-    from genrec.workloads.benchmarks.registry import get_benchmark
-
-    try:
-        return set(get_benchmark(str(flat["benchmark"])).parameters())
-    except UserInputError:  # a row of a benchmark this checkout no longer has
-        return set()
-
-
-def split_row_for_mlflow(flat: dict) -> tuple[dict[str, str], dict[str, float], dict[str, str]]:
-    """(params, metrics, tags) of one flat result row.
-
-    A value that configures the run is a param and only a param: a benchmark's echoed keyword
-    arguments are not metrics. Where the row has them as `param_*` columns already (the experiment
-    set them) they are dropped; defaults the experiment left alone (mari_matmul's `d_cross` = 0) are
-    params under their own column name. Empty strings (a benchmark's dataset and model, an eval
-    without a draft) are left out rather than logged as empty params."""
-    arguments = benchmark_arguments(flat)
-    params, metrics, tags = {}, {}, {}
-    for key, value in flat.items():
-        if value is None or value == "" or key in ("run_id", "created_at"):
-            continue
-        if key in PARAM_COLUMNS or key.startswith("param_"):
-            params[mlflow_name(key)] = str(value)
-        elif key in TAG_COLUMNS:  # the environment (threads, device) stays a tag in every row
-            tags[key] = str(value)
-        elif key in arguments:
-            if f"param_{key}" not in flat:
-                params[mlflow_name(key)] = str(value)
-        elif isinstance(value, bool):
-            params[mlflow_name(key)] = str(value)
-        elif _is_number(value):
-            metrics[mlflow_name(key)] = float(value)
-        else:
-            tags[key] = str(value)
-    tags[RUN_ID_TAG] = str(flat["run_id"])
-    tags[CREATED_TAG] = row_identity(flat)
-    tags[KIND_TAG] = "trial"
-    if flat.get("git_commit"):
-        tags["mlflow.source.git.commit"] = str(flat["git_commit"]).removesuffix("+dirty")
-    return params, metrics, tags
-
-
-def row_identity(flat: dict) -> str:
-    return f"{flat.get('created_at', '')}|{flat.get('trial_started_at', '')}"
-
-
-def row_params(flat: dict) -> dict[str, object]:
-    """A row's decoder (or benchmark) parameters: its `decoder_params` JSON, then `param_*` columns."""
-    raw = flat.get("decoder_params")
-    params = json.loads(raw) if isinstance(raw, str) and raw else {}
-    for key, value in flat.items():
-        if key.startswith("param_"):
-            params.setdefault(key.removeprefix("param_"), value)
-    return params
-
-
-def trial_times_ms(flat: dict) -> tuple[int | None, int | None]:
-    """(start, end) of a trial in epoch milliseconds, as MLflow's create_run / set_terminated take
-    them: `trial_started_at` is epoch seconds and `trial_wall_s` the trial's own duration. None where
-    the row lacks them (MLflow then uses the time of logging)."""
-    started, wall = flat.get("trial_started_at"), flat.get("trial_wall_s")
-    if not _is_number(started):
-        return None, None
-    start = round(float(started) * 1000)
-    return start, start + round(float(wall) * 1000) if _is_number(wall) else None
-
-
-def _show(value: object) -> str:
-    return format(value, ".6g") if isinstance(value, float) else str(value)
-
-
-@dataclass(frozen=True)
-class RunNaming:
-    """Which configuration values name a trial's run: the swept params of each decoder
-    (`beam_width=100`), the decoder when an experiment runs several (`beam(beam_width=100)`), the
-    seed when it has several (`beam_width=100 seed=1`). A decoder it does not list shows every
-    param. The `genrec.run_id` tag, not the name, identifies a run."""
-
-    keys: dict[str, tuple[str, ...]] = field(default_factory=dict)  # decoder -> params in the name
-    decoder: bool = False
-    seed: bool = False
-
-    def name(self, flat: dict) -> str:
-        params, decoder = row_params(flat), str(flat.get("decoder", ""))
-        keys = self.keys.get(decoder, tuple(params))
-        pairs = [f"{k}={_show(params[k])}" for k in keys if k in params]
-        if self.decoder:
-            name = f"{decoder}({', '.join(pairs)})" if pairs else decoder
-        else:
-            name = " ".join(pairs) or decoder
-        if self.seed and flat.get("seed") is not None:
-            name = f"{name} seed={flat['seed']}"
-        return name.strip() or str(flat.get("run_id", ""))
-
-    @classmethod
-    def from_rows(cls, rows: list[dict]) -> RunNaming:
-        """The naming rows imply when no sweep recorded one: per decoder, the params whose values
-        differ between its rows."""
-        by_decoder: dict[str, list[dict]] = {}
-        for row in rows:
-            by_decoder.setdefault(str(row.get("decoder", "")), []).append(row_params(row))
-        keys = {}
-        for decoder, params in by_decoder.items():
-            names = dict.fromkeys(k for p in params for k in p)
-            keys[decoder] = tuple(
-                k for k in names if len({json.dumps(p.get(k), sort_keys=True) for p in params}) > 1
-            )
-        seeds = {row.get("seed") for row in rows}
-        return cls(keys, decoder=len(keys) > 1, seed=len(seeds) > 1)
-
-    def to_json(self) -> str:
-        return json.dumps({"keys": self.keys, "decoder": self.decoder, "seed": self.seed}, sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> RunNaming:
-        d = json.loads(text)
-        return cls({k: tuple(v) for k, v in d["keys"].items()}, bool(d["decoder"]), bool(d["seed"]))
-
-
-def best_trial_row(rows: list[dict], metric: str, mode: str, chosen: dict | None = None) -> dict | None:
-    """The trial the sweep's parent run names as its best: the best `metric` among the trials of the
-    configuration the sweep's summary chose (`chosen`: param values and seed; keys a row lacks and
-    None values are ignored), or among all trials when it chose none or none match."""
-    sign = 1.0 if mode == "max" else -1.0
-    scored = [r for r in rows if _is_number(r.get(metric)) and not math.isnan(float(r[metric]))]
-
-    def matches(row: dict) -> bool:
-        params = row_params(row)
-        for key, want in (chosen or {}).items():
-            have = params.get(key, row.get(key))
-            if key != metric and want is not None and have is not None and have != want:
-                return False
-        return True
-
-    candidates = [r for r in scored if matches(r)] or scored
-    return max(candidates, key=lambda r: sign * float(r[metric]), default=None)
 
 
 def prepare_mlflow(
@@ -241,21 +95,29 @@ def prepare_mlflow(
     if tracking_uri.startswith("sqlite:///"):
         Path(tracking_uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     client = MlflowClient(tracking_uri=tracking_uri)
+    exp_id, tags = _create_or_restore_experiment(client, experiment, artifact_location)
+    if description and tags.get(NOTE_TAG) != description:
+        client.set_experiment_tag(exp_id, NOTE_TAG, description)
+    return exp_id
+
+
+def _create_or_restore_experiment(
+    client, experiment: str, artifact_location: str | None
+) -> tuple[str, dict[str, str]]:
+    """(id, tags) of the experiment, created (tagged with its kind) if new, restored if deleted; an
+    existing experiment without a kind tag gets one (a kind the user chose in the UI stays)."""
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
         exp_id = client.create_experiment(
             experiment, artifact_location=artifact_location, tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND}
         )
-        tags: dict[str, str] = {}
-    else:
-        exp_id, tags = exp.experiment_id, exp.tags
-        if exp.lifecycle_stage == "deleted":
-            client.restore_experiment(exp_id)
-        if EXPERIMENT_KIND_TAG not in tags:  # a kind the user chose in the UI stays
-            client.set_experiment_tag(exp_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
-    if description and tags.get(NOTE_TAG) != description:
-        client.set_experiment_tag(exp_id, NOTE_TAG, description)
-    return exp_id
+        return exp_id, {}
+    exp_id, tags = exp.experiment_id, exp.tags
+    if exp.lifecycle_stage == "deleted":
+        client.restore_experiment(exp_id)
+    if EXPERIMENT_KIND_TAG not in tags:
+        client.set_experiment_tag(exp_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+    return exp_id, tags
 
 
 class MlflowStore:
@@ -356,21 +218,31 @@ class MlflowStore:
 
     def _log_row(self, flat: dict, existing: list | None) -> tuple[str, bool]:
         """(MLflow run id, whether a run was created)."""
-        from mlflow.entities import Metric, Param, RunTag
-
         run_id = str(flat["run_id"])
         existing = self.runs("trial", run_id) if existing is None else existing
-        created = row_identity(flat)
+        kept = self._keep_identical_run(existing, row_identity(flat))
+        name = self.run_name(flat)
+        if kept is not None:
+            self._adopt(kept, name)
+            return kept.info.run_id, False
+        return self._new_trial_run(flat, run_id, name), True
+
+    def _keep_identical_run(self, existing: list, created: str):
+        """The FINISHED run among `existing` that holds this very row (same `genrec.created_at`), or
+        None; every other run under the row's run id is deleted."""
         keep = [
             r for r in existing if r.info.status == "FINISHED" and r.data.tags.get(CREATED_TAG) == created
         ]
         for r in existing:
             if not keep or r.info.run_id != keep[0].info.run_id:
                 self.client.delete_run(r.info.run_id)
-        name = self.run_name(flat)
-        if keep:
-            self._adopt(keep[0], name)
-            return keep[0].info.run_id, False
+        return keep[0] if keep else None
+
+    def _new_trial_run(self, flat: dict, run_id: str, name: str) -> str:
+        """Log the row as a new FINISHED run, nested under the sweep run, spanning the trial's own
+        start and end; returns the MLflow run id."""
+        from mlflow.entities import Metric, Param, RunTag
+
         params, metrics, tags = split_row_for_mlflow(flat)
         if self.parent_run_id:
             tags[PARENT_TAG] = self.parent_run_id
@@ -389,7 +261,7 @@ class MlflowStore:
             tags=[RunTag(k, v) for k, v in tags.items()],
         )
         self.client.set_terminated(run.info.run_id, "FINISHED", end_time=end_ms)
-        return run.info.run_id, True
+        return run.info.run_id
 
     def _adopt(self, run, name: str) -> None:
         """Nest and name a kept run as a new one would be (runs logged before the sweep run existed,
@@ -404,25 +276,41 @@ class MlflowStore:
         under the sweep run and named like the sweep names them, runs whose row is gone deleted.
         Without a sweep run (MLflow lost, or never written) one is created, FINISHED, spanning the
         trials. Idempotent; returns counts of runs logged and deleted."""
+        by_id = self._trial_runs_by_run_id()
+        rows = {str(row["run_id"]): row for row in read_rows(results_dir, self.experiment)}
+        self._attach_sweep_run(list(rows.values()))
+        logged = 0
+        for run_id, row in rows.items():
+            logged += self._log_row(row, by_id.get(run_id, []))[1]
+        deleted = self._delete_runs_without_row(by_id, rows)
+        return {"logged": logged, "deleted": deleted}
+
+    def _trial_runs_by_run_id(self) -> dict[str, list]:
+        """The experiment's trial runs, grouped by their `genrec.run_id` tag."""
         by_id: dict[str, list] = {}
         for r in self.runs("trial"):
             by_id.setdefault(r.data.tags.get(RUN_ID_TAG, ""), []).append(r)
-        rows = {str(row["run_id"]): row for row in read_rows(results_dir, self.experiment)}
+        return by_id
+
+    def _attach_sweep_run(self, rows: list[dict]) -> None:
+        """Before the rows are logged: the sweep run they nest under (found, or rebuilt from the rows
+        when there is none) and the naming of their runs (the sweep's, else implied by the rows)."""
         if self.parent_run_id is None:
             self.find_sweep()
         if self.naming is None and rows:
-            self.naming = RunNaming.from_rows(list(rows.values()))
+            self.naming = RunNaming.from_rows(rows)
         if self.parent_run_id is None and rows:
-            self._finished_sweep_run(list(rows.values()))
-        logged = deleted = 0
-        for run_id, row in rows.items():
-            logged += self._log_row(row, by_id.get(run_id, []))[1]
+            self._finished_sweep_run(rows)
+
+    def _delete_runs_without_row(self, by_id: dict[str, list], rows: dict[str, dict]) -> int:
+        """Delete the trial runs whose row is no longer in Parquet; returns how many."""
+        deleted = 0
         for run_id, runs in by_id.items():
             if run_id not in rows:
                 for r in runs:
                     self.client.delete_run(r.info.run_id)
                     deleted += 1
-        return {"logged": logged, "deleted": deleted}
+        return deleted
 
     def _finished_sweep_run(self, rows: list[dict]) -> str:
         """A sweep run rebuilt from Parquet rows alone: from the first trial's start to the last's end."""
@@ -457,11 +345,7 @@ class MlflowStore:
 
         rid = self.parent_run_id or self.open_sweep(self.naming or RunNaming())
         now = int(time.time() * 1000)
-        all_tags = dict(tags or {})
-        all_metrics = {mlflow_name(k): float(v) for k, v in metrics.items()}
-        if best is not None and metric:
-            all_tags.update(self._best_tags(best, metric))
-            all_metrics[f"best_{mlflow_name(metric)}"] = float(best[metric])
+        all_metrics, all_tags = self._sweep_metrics_and_tags(metrics, tags, best, metric)
         self._log_params_once(rid, {mlflow_name(k): str(v)[:6000] for k, v in params.items()})
         self.client.log_batch(
             rid,
@@ -473,6 +357,17 @@ class MlflowStore:
                 self.client.log_artifact(rid, str(path))
         self.client.set_terminated(rid, "FINISHED")
         return rid
+
+    def _sweep_metrics_and_tags(
+        self, metrics: dict[str, float], tags: dict[str, str] | None, best: dict | None, metric: str | None
+    ) -> tuple[dict[str, float], dict[str, str]]:
+        """The sweep run's metrics (MLflow names) and tags, with its best trial's when it has one."""
+        all_tags = dict(tags or {})
+        all_metrics = {mlflow_name(k): float(v) for k, v in metrics.items()}
+        if best is not None and metric:
+            all_tags.update(self._best_tags(best, metric))
+            all_metrics[f"best_{mlflow_name(metric)}"] = float(best[metric])
+        return all_metrics, all_tags
 
     def _log_params_once(self, rid: str, params: dict[str, str]) -> None:
         """MLflow params cannot change: a resumed sweep logs only new ones; a value that differs
@@ -504,5 +399,5 @@ class MlflowStore:
         if runs:
             tags["best.mlflow_run_id"] = runs[0].info.run_id
             link = f"[{name}](#/experiments/{self.experiment_id}/runs/{runs[0].info.run_id})"
-        tags[NOTE_TAG] = f"Best trial by {metric}: {link}, {metric} = {_show(float(best[metric]))}"
+        tags[NOTE_TAG] = f"Best trial by {metric}: {link}, {metric} = {value_text(float(best[metric]))}"
         return tags

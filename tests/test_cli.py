@@ -186,7 +186,7 @@ def test_dry_run_against_a_remote_cluster_says_it_did_not_check(tmp_path, capsys
 
 # ---- sweep progress: [k/N], elapsed, ETA -----------------------------------------------------------
 def test_eta():
-    from genrec.platform.sweep_callbacks import clock, eta_s
+    from genrec.platform.sweep.callbacks import clock, eta_s
 
     assert eta_s(remaining=0, done_now=3, elapsed_s=12.0, trial_s_mean=4.0, slots=1, round_s=5.0) == 0.0
     assert eta_s(remaining=5, done_now=0, elapsed_s=12.0, trial_s_mean=0.0, slots=1) is None
@@ -217,7 +217,7 @@ def row_result(width: int, wall: float, reused: bool = False) -> dict:
 
 
 def test_progress_lines_count_k_of_n_with_eta(monkeypatch, capsys):
-    from genrec.platform import sweep_callbacks as sweep
+    from genrec.platform.sweep import callbacks as sweep
 
     monkeypatch.setattr(sweep, "write_result_row", lambda *a: None)
     cb = sweep.ParquetRowCallback("unused", "recall@10", progress=True)
@@ -238,7 +238,7 @@ def test_progress_lines_count_k_of_n_with_eta(monkeypatch, capsys):
 
 def test_progress_of_a_resumed_sweep_counts_earlier_trials(monkeypatch, capsys):
     """Tune restores finished trials as TERMINATED; a re-reported stored row takes no time (no ETA)."""
-    from genrec.platform import sweep_callbacks as sweep
+    from genrec.platform.sweep import callbacks as sweep
 
     monkeypatch.setattr(sweep, "write_result_row", lambda *a: None)
     cb = sweep.ParquetRowCallback("unused", "recall@10", progress=True)

@@ -219,3 +219,13 @@ def test_ray_cluster_yaml_passes_rays_schema_check():
     raw["available_node_types"]["gpu_worker"]["bogus"] = 1
     with pytest.raises(Exception, match="bogus"):
         validate_config(prepare_config(raw))
+
+
+def test_tune_state_saved_before_the_sweep_package_still_unpickles():
+    """tuner.pkl from before platform/sweep/ became a package names genrec.platform.sweep_callbacks."""
+    import pickle
+
+    from genrec.platform.sweep.callbacks import ParquetRowCallback
+
+    old_reference = b"cgenrec.platform.sweep_callbacks\nParquetRowCallback\n."
+    assert pickle.loads(old_reference) is ParquetRowCallback

@@ -274,7 +274,7 @@ def test_the_best_trial_is_the_one_of_the_configuration_the_sweep_chose():
 def test_run_naming_of_an_experiment_file(tmp_path):
     pytest.importorskip("ray")
     from genrec.platform.experiment import ExperimentConfig
-    from genrec.platform.sweep_callbacks import run_naming
+    from genrec.platform.sweep.callbacks import run_naming
 
     base = {"name": "x", "dataset": {"path": str(tmp_path)}, "model": {"checkpoint": str(tmp_path)}}
     one = ExperimentConfig.model_validate(

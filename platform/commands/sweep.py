@@ -101,7 +101,12 @@ def resume_command(experiment: Path, results_dir: Path | None, ray_address: str 
 def print_dry_run(cfg, ray_address: str | None = None) -> None:
     """The plan, then the per-trial resources checked against the Ray instance the real run would start
     (exit 2 as the real run would, without Ray's start-up); a remote cluster is not contacted."""
-    from genrec.platform.sweep_ray import check_trial_resources, local_cluster, resolve_ray_address, trial_gpu
+    from genrec.platform.sweep.ray_start import (
+        check_trial_resources,
+        local_cluster,
+        resolve_ray_address,
+        trial_gpu,
+    )
 
     trials = cfg.trial_grid()
     what = f"benchmark {cfg.benchmark}" if cfg.benchmark else f"decoder {cfg.decoder}"

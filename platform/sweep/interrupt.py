@@ -3,7 +3,7 @@
 Tune catches the first SIGINT itself, saves its experiment state and returns from `fit()` as if the
 sweep were done. `fit_noticing_interrupt` runs `fit` with a log filter that recognises Tune's record of
 that and raises `SweepInterrupted` afterwards; a second Ctrl-C arrives as a plain KeyboardInterrupt.
-Either ends the sweep's MLflow parent run KILLED (genrec.platform.sweep_parent_run) and makes the CLI
+Either ends the sweep's MLflow parent run KILLED (genrec.platform.sweep.parent_run) and makes the CLI
 exit 130 with genrec's own resume command; the rows written so far are kept for `--resume`.
 """
 

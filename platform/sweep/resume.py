@@ -5,7 +5,7 @@ over an experiment that already has rows or Tune state needs --overwrite, --resu
 an unchanged experiment, judged by the fingerprint (`ExperimentConfig.fingerprint`) that
 `stamp_fingerprint` writes beside Tune's state when a fresh sweep starts. `clear_experiment` removes a
 fresh sweep's leftovers (Tune state and Parquet rows; MLflow runs are the parent run's business, see
-genrec.platform.sweep_parent_run).
+genrec.platform.sweep.parent_run).
 """
 
 from __future__ import annotations

@@ -5,20 +5,24 @@ draft model (AtSpeed's `draft:`) once (cached per worker process, so a reused ac
 again), evaluates the decoder with `genrec.workloads.evaluation.evaluate`, and reports the flat result
 row of DESIGN.md: numbers as Tune metrics plus the whole row as JSON under `genrec_row`.
 
-This module is the driver: `run_sweep` holds the experiment's lock and `_run_sweep_locked` runs the
-steps in order, each a named function. The steps are called through this module's names (tests
-replace plan_storage, ensure_model, preflight and init_ray here), so keep those calls in this module.
-The rest lives beside it:
+This package's `__init__` is the driver: `run_sweep` holds the experiment's lock and
+`_run_sweep_locked` runs the steps in order, each a named function. The steps are called through this
+module's names (tests replace plan_storage, ensure_model, preflight, init_ray, ray and tune here), so
+keep those calls in this module. The rest lives in the package:
 
-    sweep_trial.py       the trial in a Ray worker (`run_trial`) and the config it gets (`param_space`)
-    sweep_callbacks.py   the driver's Tune callbacks: each row to Parquet (progress line) and MLflow
-    sweep_resume.py      fresh sweep or --resume (`plan_storage`), Tune state dir, fingerprint stamp
-    sweep_ray.py         which Ray, starting it, per-trial resources, concurrent slots
-    sweep_parent_run.py  the sweep's MLflow parent run: opened, KILLED on Ctrl-C, finished
-    sweep_interrupt.py   noticing the Ctrl-C that Tune swallows (`SweepInterrupted`)
-    sweep_results.py     `SweepSummary`, counting the stored rows, best configuration, report
+    trial.py       the trial in a Ray worker (`run_trial`) and the config it gets (`param_space`)
+    callbacks.py   the driver's Tune callbacks: each row to Parquet (progress line) and MLflow
+    resume.py      fresh sweep or --resume (`plan_storage`), Tune state dir, fingerprint stamp
+    ray_start.py   which Ray, starting it, per-trial resources, concurrent slots
+    parent_run.py  the sweep's MLflow parent run: opened, KILLED on Ctrl-C, finished
+    interrupt.py   noticing the Ctrl-C that Tune swallows (`SweepInterrupted`)
+    results.py     `SweepSummary`, counting the stored rows, best configuration, report
 
-Every name these modules export that used to live here is still importable from here.
+Every name those modules define is also importable from here (`genrec.platform.sweep`). Tune's saved
+state (`tuner.pkl`) pickles the callbacks by their module path (`genrec.platform.sweep.callbacks`):
+moving them breaks `--resume` of a sweep started before the move, so the path they had before this
+package existed (`genrec.platform.sweep_callbacks`) is kept as an alias. The trainable is saved only
+by its name (`run_trial`, checked when `make_tuner` restores it), so that name must stay.
 
 Exactly once, also across a killed driver and `--resume`:
 
@@ -56,6 +60,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 
 import ray
@@ -63,19 +68,32 @@ from ray import tune
 
 from genrec.platform.benchmark_trial import run_benchmark_trial
 from genrec.platform.experiment import ExperimentConfig
-from genrec.platform.sweep_callbacks import ROW_KEY, make_callbacks
-from genrec.platform.sweep_interrupt import (
+from genrec.platform.sweep import callbacks as _callbacks
+from genrec.platform.sweep.callbacks import (
+    ROW_KEY,
+    GenrecMLflowCallback,
+    ParquetRowCallback,
+    clock,
+    eta_s,
+    make_callbacks,
+    point_text,
+    run_naming,
+)
+from genrec.platform.sweep.interrupt import (
+    TUNE_LOGGER,
     SweepInterrupted,
-    _TuneInterruptWatch,  # noqa: F401 - importable from here
+    _TuneInterruptWatch,
     fit_noticing_interrupt,
 )
-from genrec.platform.sweep_parent_run import (
+from genrec.platform.sweep.parent_run import (
     killed_when_interrupted,
     log_parent_run,
     open_parent_run,
     open_store,
+    parent_run_metrics,
+    parent_run_params,
 )
-from genrec.platform.sweep_ray import (
+from genrec.platform.sweep.ray_start import (
     AUTO_GPU_FRACTION,
     TrialResources,
     check_trial_resources,
@@ -87,14 +105,15 @@ from genrec.platform.sweep_ray import (
     trial_gpu,
     trial_resources,
 )
-from genrec.platform.sweep_results import (
+from genrec.platform.sweep.results import (
     SweepSummary,
     best_configuration,
     build_report_hook,
     collect_results,
+    evaluated_now,
     standalone_report,
 )
-from genrec.platform.sweep_resume import (
+from genrec.platform.sweep.resume import (
     FINGERPRINT_FILE,
     clear_experiment,
     plan_storage,
@@ -102,7 +121,7 @@ from genrec.platform.sweep_resume import (
     stored_run_ids,
     tune_state_dir,
 )
-from genrec.platform.sweep_trial import (
+from genrec.platform.sweep.trial import (
     SPEC_KEY,
     begin_trial,
     numeric_metrics,
@@ -112,36 +131,71 @@ from genrec.platform.sweep_trial import (
 )
 from genrec.platform.tracking import ExperimentLock
 
-__all__ = [  # the driver's steps, and what moved to the sweep_* modules but is still imported from here
-    "AUTO_GPU_FRACTION",
-    "FINGERPRINT_FILE",
-    "ROW_KEY",
-    "SPEC_KEY",
-    "SweepInterrupted",
-    "SweepSummary",
-    "begin_trial",
-    "best_configuration",
-    "build_report_hook",
-    "check_trial_resources",
-    "clear_experiment",
+# Tune state saved before the package existed names the callbacks' old module (see the docstring)
+sys.modules.setdefault("genrec.platform.sweep_callbacks", _callbacks)
+
+__all__ = [
+    # the driver's steps (this module)
     "ensure_model",
     "fresh_tuner",
-    "init_ray",
-    "killed_when_interrupted",
-    "local_cluster",
     "make_tuner",
-    "numeric_metrics",
-    "param_space",
-    "plan_storage",
     "preflight",
-    "report_trial_row",
-    "resolve_ray_address",
     "run_sweep",
-    "run_trial",
-    "standalone_report",
     "start_line",
     "start_ray",
+    # callbacks.py
+    "ROW_KEY",
+    "GenrecMLflowCallback",
+    "ParquetRowCallback",
+    "clock",
+    "eta_s",
+    "make_callbacks",
+    "point_text",
+    "run_naming",
+    # interrupt.py
+    "TUNE_LOGGER",
+    "SweepInterrupted",
+    "_TuneInterruptWatch",
+    "fit_noticing_interrupt",
+    # parent_run.py
+    "killed_when_interrupted",
+    "log_parent_run",
+    "open_parent_run",
+    "open_store",
+    "parent_run_metrics",
+    "parent_run_params",
+    # ray_start.py
+    "AUTO_GPU_FRACTION",
+    "TrialResources",
+    "check_trial_resources",
+    "concurrent_slots",
+    "init_ray",
+    "local_cluster",
+    "resolve_ray_address",
+    "trial_device",
     "trial_gpu",
+    "trial_resources",
+    # results.py
+    "SweepSummary",
+    "best_configuration",
+    "build_report_hook",
+    "collect_results",
+    "evaluated_now",
+    "standalone_report",
+    # resume.py
+    "FINGERPRINT_FILE",
+    "clear_experiment",
+    "plan_storage",
+    "stamp_fingerprint",
+    "stored_run_ids",
+    "tune_state_dir",
+    # trial.py
+    "SPEC_KEY",
+    "begin_trial",
+    "numeric_metrics",
+    "param_space",
+    "report_trial_row",
+    "run_trial",
 ]
 
 log = logging.getLogger(__name__)

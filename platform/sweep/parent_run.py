@@ -9,7 +9,7 @@ Its lifecycle, in the order the driver (genrec.platform.sweep) goes through it:
 4. `log_parent_run`: after the last row, the sweep's metrics, params, best trial and artifacts
    finish it.
 
-The trials' own runs are logged by the callbacks (genrec.platform.sweep_callbacks), one per row.
+The trials' own runs are logged by the callbacks (genrec.platform.sweep.callbacks), one per row.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from typing import Any
 
 from genrec.platform.experiment import ExperimentConfig
 from genrec.platform.mlflow_store import MlflowStore, best_trial_row
-from genrec.platform.sweep_callbacks import run_naming
-from genrec.platform.sweep_interrupt import SweepInterrupted
-from genrec.platform.sweep_ray import TrialResources
-from genrec.platform.sweep_results import SweepSummary, standalone_report
+from genrec.platform.sweep.callbacks import run_naming
+from genrec.platform.sweep.interrupt import SweepInterrupted
+from genrec.platform.sweep.ray_start import TrialResources
+from genrec.platform.sweep.results import SweepSummary, standalone_report
 
 
 def open_store(cfg: ExperimentConfig) -> MlflowStore | None:
