@@ -15,100 +15,55 @@ Decoders use these calls:
 verification is the same forward over the draft). A tree mask [R, n, n] lets each new token see only
 its ancestors in a draft tree; RoPE positions follow each token's depth in the tree.
 
-The prompt's keys/values are stored once per user, not once per beam: a decode step attends to
-the shared prompt cache and to the beam's own (short) cache through a named attention backend
-(genrec.kernels.shared_prefix_attention: two stages merged by online softmax). Reordering beams
-therefore copies only the few decoded steps, never the prompt (the layout xGR describes).
-`expand(..., indexed=True)` goes further (xGR's in-place reorder): decoded steps stay where they were
-written and `reorder` only updates a per-step row table ([B*W, T] ints, shared by all layers); the
-attention reads each step through it (a Triton backend that takes `beam_rows` gathers while loading,
-any other backend gets the steps gathered per layer first).
+The cache layout (the prompt stored once per user, the indexed reorder) is described in kv_cache.py.
 Prompts are left-padded: `mask` marks real tokens and positions count real tokens only, so rows
 of different lengths decode in lock step.
+
+Modules: model_config.py (ModelConfig, sizes), transformer_blocks.py (RMSNorm, RoPE, Attention, MLP,
+Block), kv_cache.py (KVCache); their names stay importable from here.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from genrec.kernels.shared_prefix_attention import get_attention_backend
+from genrec.workloads.models.kv_cache import KVCache, beam_step_index, gather_beam_steps
+from genrec.workloads.models.model_config import MODEL_SIZES, ModelConfig, model_config_for
+from genrec.workloads.models.transformer_blocks import (
+    MLP,
+    Attention,
+    Block,
+    RMSNorm,
+    apply_rope,
+    rope_cos_sin,
+)
 
-
-@dataclass(frozen=True)
-class ModelConfig:
-    vocab_size: int
-    dim: int = 64
-    n_layers: int = 2
-    n_heads: int = 4
-    hidden_dim: int = 0  # SwiGLU width; 0 -> 8/3 * dim rounded up to a multiple of 32
-    max_seq_len: int = 1024
-    rope_theta: float = 10000.0
-    norm_eps: float = 1e-6
-
-    def __post_init__(self) -> None:
-        if self.dim % self.n_heads or (self.dim // self.n_heads) % 2:
-            raise ValueError(f"dim {self.dim} must split into {self.n_heads} heads of even size")
-        if self.hidden_dim == 0:
-            object.__setattr__(self, "hidden_dim", 32 * math.ceil(8 * self.dim / 3 / 32))
-
-    @property
-    def head_dim(self) -> int:
-        return self.dim // self.n_heads
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-# Named sizes. tiny trains in seconds in CI; small is the CPU benchmark model; base is for GPUs.
-MODEL_SIZES: dict[str, dict] = {
-    "tiny": dict(dim=64, n_layers=2, n_heads=4),
-    "small": dict(dim=128, n_layers=4, n_heads=4),
-    "base": dict(dim=512, n_layers=8, n_heads=8),
-}
-
-
-def model_config_for(size: str, vocab_size: int, max_seq_len: int) -> ModelConfig:
-    if size not in MODEL_SIZES:
-        from genrec.workloads.errors import UserInputError
-
-        raise UserInputError(f"unknown model size {size!r}; choose one of {sorted(MODEL_SIZES)}")
-    return ModelConfig(vocab_size=vocab_size, max_seq_len=max_seq_len, **MODEL_SIZES[size])
-
-
-# --- building blocks ------------------------------------------------------------------------------
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: Tensor) -> Tensor:
-        # normalise in fp32 (as Llama does) so bf16 training stays stable
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
-
-
-def rope_cos_sin(positions: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
-    """cos/sin tables [..., head_dim] for integer positions (half-split layout, as in Llama)."""
-    inv_freq = 1.0 / theta ** (
-        torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim
-    )
-    freqs = positions.float()[..., None] * inv_freq
-    emb = torch.cat([freqs, freqs], dim=-1)
-    return emb.cos(), emb.sin()
-
-
-def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x [B, H, S, hd]; cos/sin [B, S, hd]."""
-    cos, sin = cos[:, None].to(x.dtype), sin[:, None].to(x.dtype)
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+__all__ = [  # this module's own names, and the config's, blocks' and cache's, importable from here
+    "MLP",
+    "MODEL_SIZES",
+    "Attention",
+    "Block",
+    "ExtendOutput",
+    "GRTransformer",
+    "KVCache",
+    "ModelConfig",
+    "PrefillOutput",
+    "RMSNorm",
+    "StepOutput",
+    "apply_rope",
+    "beam_step_index",
+    "causal_attention_inputs",
+    "check_tree_mask",
+    "gather_beam_steps",
+    "model_config_for",
+    "rope_cos_sin",
+    "tree_depths",
+]
 
 
 def causal_attention_inputs(tokens: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
@@ -124,189 +79,6 @@ def causal_attention_inputs(tokens: Tensor, mask: Tensor | None) -> tuple[Tensor
     causal = torch.ones(s, s, dtype=torch.bool, device=tokens.device).tril()
     eye = torch.eye(s, dtype=torch.bool, device=tokens.device)
     return positions, (causal & mask[:, None, :]) | eye
-
-
-# --- the KV cache -----------------------------------------------------------------------------
-@dataclass
-class KVCache:
-    """Prompt cache shared by a user's beams + a per-beam cache of decoded steps.
-
-    prefix_k/v[layer]: [B, H, S, hd]      one copy per user
-    prefix_mask:       [B, S] bool        real (non-pad) prompt tokens
-    prefix_len:        [B] long           real prompt tokens = position of the first decoded token
-    beam_k/v[layer]:   [B*W, H, T, hd]    T = capacity in decoded steps; row b*W + j is beam j of user b
-    beam_rows:         [B*W, T] long      indexed layout only (None: copying layout): decoded step t of
-                                          row r lives in storage row beam_rows[r, t], at slot t
-    """
-
-    prefix_k: list[Tensor]
-    prefix_v: list[Tensor]
-    prefix_mask: Tensor
-    prefix_len: Tensor
-    beams: int = 1
-    steps: int = 0
-    beam_k: list[Tensor] = field(default_factory=list)
-    beam_v: list[Tensor] = field(default_factory=list)
-    beam_rows: Tensor | None = None
-
-    @property
-    def batch(self) -> int:
-        return self.prefix_mask.shape[0]
-
-    @property
-    def rows(self) -> int:
-        return self.batch * self.beams
-
-    def prompt_of(self, users: Tensor | None = None) -> KVCache:
-        """The prompt part alone (no decoded steps) for `users` (indices; None = all, not copied)."""
-        if users is None:
-            return KVCache(self.prefix_k, self.prefix_v, self.prefix_mask, self.prefix_len)
-        pick = [t.index_select(0, users) for t in (*self.prefix_k, *self.prefix_v)]
-        n = len(self.prefix_k)
-        return KVCache(pick[:n], pick[n:], self.prefix_mask[users], self.prefix_len[users])
-
-    def expand(
-        self,
-        beams: int,
-        max_steps: int,
-        indexed: bool = False,
-        storage: tuple[list[Tensor], list[Tensor], Tensor] | None = None,
-    ) -> KVCache:
-        """A cache with `beams` rows per user and room for `max_steps` decoded tokens.
-
-        The prompt part is shared, not copied. Any steps already decoded are repeated per beam.
-        `indexed` selects the in-place reorder layout (`reorder` records parents in `beam_rows` instead
-        of copying steps). `storage` = (beam_k, beam_v, beam_rows) lends preallocated tensors of the
-        right shapes (buffer reuse across requests; rows beyond what is written are never read).
-        """
-        if beams < 1 or max_steps < self.steps:
-            raise ValueError(f"expand needs beams >= 1 and max_steps >= {self.steps}")
-        if self.steps and beams % self.beams:
-            raise ValueError(f"cannot expand {self.beams} beams with decoded steps to {beams} beams")
-        rows = self.batch * beams
-        new_k, new_v = [], []
-        for layer, pk in enumerate(self.prefix_k):
-            shape = (rows, pk.shape[1], max_steps, pk.shape[3])
-            if storage is None:
-                bk, bv = pk.new_zeros(shape), pk.new_zeros(shape)
-            else:
-                bk, bv = storage[0][layer], storage[1][layer]
-                if bk.shape != shape or bv.shape != shape:
-                    raise ValueError(f"lent storage {list(bk.shape)} does not match {list(shape)}")
-            if self.steps:
-                rep = beams // self.beams
-                bk[:, :, : self.steps] = self._steps_of(self.beam_k[layer]).repeat_interleave(rep, dim=0)
-                bv[:, :, : self.steps] = self._steps_of(self.beam_v[layer]).repeat_interleave(rep, dim=0)
-            new_k.append(bk)
-            new_v.append(bv)
-        table = None
-        if indexed:
-            table = storage[2] if storage is not None else None
-            if table is None or table.shape != (rows, max_steps):
-                table = torch.empty(rows, max_steps, dtype=torch.long, device=self.prefix_mask.device)
-            table.copy_(torch.arange(rows, device=table.device)[:, None].expand(rows, max_steps))
-        return KVCache(
-            self.prefix_k,
-            self.prefix_v,
-            self.prefix_mask,
-            self.prefix_len,
-            beams,
-            self.steps,
-            new_k,
-            new_v,
-            table,
-        )
-
-    def reorder(self, parent: Tensor) -> None:
-        """Row i takes the decoded steps of row parent[i] (flat indices into B*W), in place.
-
-        Indexed layout: only the [B*W, steps] row table is permuted (one small int gather for all
-        layers); the steps' keys and values never move."""
-        if self.steps == 0:
-            return
-        t = self.steps
-        if self.beam_rows is not None:
-            self.beam_rows[:, :t] = self.beam_rows[:, :t].index_select(0, parent)
-            return
-        for k, v in zip(self.beam_k, self.beam_v):
-            k[:, :, :t] = k[:, :, :t].index_select(0, parent)
-            v[:, :, :t] = v[:, :, :t].index_select(0, parent)
-
-    def _steps_of(self, storage: Tensor, end: int | None = None, index: Tensor | None = None) -> Tensor:
-        """Decoded steps [0, end) (default: all) of every row of one layer's storage, resolved through
-        `beam_rows` in the indexed layout (`index`: a precomputed beam_step_index)."""
-        end = self.steps if end is None else end
-        if self.beam_rows is None:
-            return storage[:, :, :end]
-        return gather_beam_steps(storage, self.beam_rows[:, :end], index)
-
-    def materialize(self) -> None:
-        """Indexed layout: copy every row's steps into its own storage row and reset the table to the
-        identity (what `keep` needs, since it moves steps between slots)."""
-        if self.beam_rows is None:
-            return
-        t = self.steps
-        if t:
-            for k, v in zip(self.beam_k, self.beam_v):
-                k[:, :, :t], v[:, :, :t] = self._steps_of(k), self._steps_of(v)
-        self.beam_rows.copy_(
-            torch.arange(self.rows, device=self.beam_rows.device)[:, None].expand_as(self.beam_rows)
-        )
-
-    @property
-    def capacity(self) -> int:
-        return self.beam_k[0].shape[2] if self.beam_k else 0
-
-    def keep(self, start: int, index: Tensor) -> None:
-        """Keep steps [0, start) and then, per row, the decoded steps `index` [R, m] (in that order).
-
-        How a verifier commits an accepted draft branch: the block's tokens on the branch become steps
-        start..start+m-1 and every other drafted token is dropped. Indices are absolute step numbers
-        (>= start, < steps). Their RoPE positions were their tree depth, so a root-to-node path keeps
-        consistent positions."""
-        rows, m = index.shape
-        if rows != self.rows or not 0 <= start <= self.steps or start + m > self.capacity:
-            raise ValueError(
-                f"keep({start}, [{rows}, {m}]) does not fit a cache of {self.rows} rows x {self.steps}"
-            )
-        # the indexed layout addresses step t at slot t; keep moves steps between slots, so resolve first
-        self.materialize()
-        if m:
-            gather = index.to(torch.long)[:, None, :, None]
-            for k, v in zip(self.beam_k, self.beam_v):
-                g = gather.expand(-1, k.shape[1], -1, k.shape[3])
-                k[:, :, start : start + m] = k.gather(2, g)
-                v[:, :, start : start + m] = v.gather(2, g)
-        self.steps = start + m
-
-    def truncate(self, steps: int) -> None:
-        """Drop every decoded step from `steps` on (their storage is reused by the next extend).
-
-        Safe in the indexed layout too: step t always lives at slot t, so no kept step reads a slot
-        the next extend overwrites."""
-        if not 0 <= steps <= self.steps:
-            raise ValueError(f"truncate({steps}) on a cache holding {self.steps} steps")
-        self.steps = steps
-
-
-def beam_step_index(rows: Tensor, heads: int, capacity: int) -> Tensor:
-    """Flat row numbers into storage.view(-1, hd) (storage [R, H, capacity, hd] contiguous) of step j of
-    row r read from storage row rows[r, j], in [R, H, t] order (rows [R, t]). Shared by K and V."""
-    h = torch.arange(heads, device=rows.device)[None, :, None]
-    j = torch.arange(rows.shape[1], device=rows.device)[None, None, :]
-    return ((rows[:, None, :] * heads + h) * capacity + j).reshape(-1)
-
-
-def gather_beam_steps(storage: Tensor, rows: Tensor, index: Tensor | None = None) -> Tensor:
-    """[R, H, t, hd]: step j of row r read from storage row rows[r, j]; storage [R, H, T, hd], rows [R, t].
-
-    One index_select of hd-vectors (~3x faster on CPU than advanced indexing over (row, step))."""
-    r, h, cap, hd = storage.shape
-    if not storage.is_contiguous():
-        steps = torch.arange(rows.shape[1], device=rows.device)
-        return storage[rows, :, steps].permute(0, 2, 1, 3)  # advanced indices first: [R, t, H, hd]
-    index = beam_step_index(rows, h, cap) if index is None else index
-    return storage.view(-1, hd).index_select(0, index).view(r, h, rows.shape[1], hd)
 
 
 @dataclass
@@ -346,72 +118,6 @@ def check_tree_mask(tree_mask: Tensor, rows: int, n: int) -> None:
     upper = torch.ones(n, n, dtype=torch.bool, device=tree_mask.device).triu(1)
     if not bool((tree_mask[:, eye].all()) & ~(tree_mask[:, upper].any())):
         raise ValueError("tree_mask must be True on the diagonal and False above it (ancestors come first)")
-
-
-class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
-        self.n_heads, self.head_dim = cfg.n_heads, cfg.head_dim
-        self.q_proj = nn.Linear(cfg.dim, cfg.dim, bias=False)
-        self.k_proj = nn.Linear(cfg.dim, cfg.dim, bias=False)
-        self.v_proj = nn.Linear(cfg.dim, cfg.dim, bias=False)
-        self.o_proj = nn.Linear(cfg.dim, cfg.dim, bias=False)
-
-    def _qkv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        b, s, _ = x.shape
-        shape = (b, s, self.n_heads, self.head_dim)
-        q = self.q_proj(x).view(shape).transpose(1, 2)
-        k = self.k_proj(x).view(shape).transpose(1, 2)
-        v = self.v_proj(x).view(shape).transpose(1, 2)
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
-
-    def forward_full(
-        self, x: Tensor, cos: Tensor, sin: Tensor, attn_mask: Tensor
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        q, k, v = self._qkv(x, cos, sin)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
-        b, _, s, _ = out.shape
-        return self.o_proj(out.transpose(1, 2).reshape(b, s, -1)), k, v
-
-    def forward_extend(
-        self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache, layer: int, tree_mask, attention
-    ) -> Tensor:
-        """x [B*W, n, D]: write the block's K/V at steps..steps+n, attend through the backend."""
-        q, k, v = self._qkv(x, cos, sin)  # [N, H, n, hd]
-        t, n = cache.steps, x.shape[1]
-        cache.beam_k[layer][:, :, t : t + n] = k
-        cache.beam_v[layer][:, :, t : t + n] = v
-        bk, bv, extra = cache.beam_k[layer], cache.beam_v[layer], {}
-        if cache.beam_rows is not None:
-            if getattr(attention, "reads_beam_rows", False):  # the kernel gathers while it loads
-                extra = {"beam_rows": cache.beam_rows}
-            else:  # a backend without the table reads the steps gathered (the new block is its own row)
-                index = beam_step_index(cache.beam_rows[:, : t + n], bk.shape[1], bk.shape[2])
-                bk, bv = cache._steps_of(bk, t + n, index), cache._steps_of(bv, t + n, index)
-        out = attention(
-            q, cache.prefix_k[layer], cache.prefix_v[layer], cache.prefix_mask, bk, bv, t, tree_mask, **extra
-        )
-        return self.o_proj(out.transpose(1, 2).reshape(x.shape[0], n, -1))
-
-
-class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
-        self.gate_proj = nn.Linear(cfg.dim, cfg.hidden_dim, bias=False)
-        self.up_proj = nn.Linear(cfg.dim, cfg.hidden_dim, bias=False)
-        self.down_proj = nn.Linear(cfg.hidden_dim, cfg.dim, bias=False)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
-class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
-        self.input_layernorm = RMSNorm(cfg.dim, cfg.norm_eps)
-        self.self_attn = Attention(cfg)
-        self.post_attention_layernorm = RMSNorm(cfg.dim, cfg.norm_eps)
-        self.mlp = MLP(cfg)
 
 
 class GRTransformer(nn.Module):
