@@ -290,6 +290,26 @@ def test_sparse_and_dense_steps_decode_exactly_the_python_trie(sizes, data):
         np.testing.assert_allclose(sparse.scores[u, : len(ref)].numpy(), [sc for _, sc in ref], rtol=1e-5)
 
 
+@pytest.mark.parametrize("fraction", [0.0, 0.5, 1.0])
+def test_padding_beams_leave_the_trie_after_the_last_dense_level(fraction):
+    """Fewer valid SIDs than beams: the padding beams' child-table slot at the last dense level is no
+    child. They must go to the sink, not to a node of a later level whose edges hold codes beyond this
+    level's codebook (the dense [R, T] form then read out of range; found by the property test
+    above: sizes (2, 5, 4, 6), one SID, d = 2)."""
+    from genrec.workloads.benchmarks.static_step import synthetic_decode
+
+    sizes, batch, width = (2, 5, 4, 6), 2, 2
+    gen = torch.Generator().manual_seed(0)
+    logits = [
+        torch.randn(batch if lv == 0 else batch * width, t, generator=gen) * 3 for lv, t in enumerate(sizes)
+    ]
+    tm = build_transition_matrix(ConstraintSet.from_codes("one", sizes, [(0, 4, 0, 4)]), 2, fraction)
+    for dense in (False, True):
+        out = synthetic_decode(StaticMask(tm), logits, batch, width, dense=dense)
+        assert out.codes[:, 0].tolist() == [[0, 4, 0, 4]] * batch
+        assert torch.isfinite(out.scores[:, 0]).all() and torch.isinf(out.scores[:, 1]).all()
+
+
 @settings(max_examples=15, deadline=None)
 @given(sizes=st.lists(st.integers(2, 5), min_size=2, max_size=4, unique=True), data=st.data())
 def test_chained_constraints_decode_the_intersection(sizes, data):

@@ -101,9 +101,8 @@ class StaticMask:
             else None
             for level in range(tm.levels)
         ]
-        # after the last dense level, beams enter the CSR at these states (keeps padding beams in range)
+        # after the last dense level, beams enter the CSR at its first level's states
         self._first_csr_state = tm.level_base[0] if tm.level_base else 0
-        self._last_state = tm.num_states - 1
 
     def init_state(self, rows: int, device: torch.device) -> torch.Tensor:
         """Per-row state before step 0: prefix index 0 (dense) or the root's CSR state."""
@@ -194,8 +193,12 @@ class StaticMask:
                 children.slot_of(parent, token) if pick is None else pick - parent * children.tokens.shape[1]
             )
             first = table.first_child.index_select(0, prefix)  # type: ignore[union-attr]
-            # padding beams (-inf) may point past the last state: keep them inside the CSR
-            return (first + slot + self._first_csr_state).clamp_(max=self._last_state).to(torch.int32)
+            state = (first + slot + self._first_csr_state).to(torch.int32)
+            # a padding beam (score -inf, fewer children than beams) sits on a padding slot, where
+            # first + slot is another prefix's child or a node of a later level: send it to the sink,
+            # whose reads are empty at every level (a later level's edges may hold codes >= T_l)
+            real = torch.isfinite(table.bias[prefix, slot])  # type: ignore[union-attr]
+            return torch.where(real, state, 0)
         if pick is not None:
             return children.next_states.reshape(-1).index_select(0, pick)  # type: ignore[union-attr]
         return select_next_state(children.real_tokens(), children.next_states, parent, token)  # type: ignore[union-attr]
