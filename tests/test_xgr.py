@@ -141,6 +141,43 @@ def test_selector_reuses_its_buffers_level_after_level():
         assert torch.equal(got[0], bufs.scores[level]) and torch.equal(got[1], bufs.parent[level])
 
 
+@pytest.mark.parametrize("buffers", [False, True])
+def test_early_selector_ranks_sparse_constraint_candidates(buffers):
+    """An exact top-W selector (EarlyTopK) keeps STATIC's sparse candidates on its CSR levels, ranks
+    them itself, and decodes what select_beams decodes with the same constraint."""
+    from genrec.workloads.constraints.sets import uniform_random
+    from genrec.workloads.constraints.transition import build_transition_matrix
+    from genrec.workloads.constraints.vntk import StaticMask
+    from genrec.workloads.decoding.beam_core import Candidates, run_beam_search
+    from genrec.workloads.decoding.processors import ConstraintProcessor
+
+    sizes, batch, width = (64, 64, 64, 64), 2, 40
+    mask = StaticMask(build_transition_matrix(uniform_random(sizes, 3000, seed=1), 1))
+    g = torch.Generator().manual_seed(0)
+    lps = [
+        torch.log_softmax(torch.randn(batch if lv == 0 else batch * width, 64, generator=g) * 3, -1)
+        for lv in range(4)
+    ]
+
+    class Replay:
+        def level_log_probs(self, level):
+            return lps[level]
+
+        def advance(self, level, parent, token):
+            return None
+
+    def search(select):
+        return run_beam_search(
+            Replay(), [ConstraintProcessor(mask)], batch, width, 4, torch.device("cpu"), select=select
+        )
+
+    bufs = xbeam.SelectBuffers.build(batch, width, 4, torch.device("cpu")) if buffers else None
+    early, flat = search(xbeam.EarlyTopK(bufs)), search(select_beams)
+    assert [isinstance(c.seen, Candidates) for c in early.choices] == [False, True, True, True]
+    assert torch.equal(early.scores, flat.scores) and torch.equal(early.codes, flat.codes)
+    assert torch.isfinite(early.scores).all()
+
+
 def test_buffer_pool_lends_one_buffer_at_a_time():
     pool = xbeam.BufferPool(max_keys=2)
     a = pool.acquire("k", lambda: object())

@@ -31,6 +31,9 @@ of each backend's final SIDs (fraction inside the set; the hash bitmap can fall 
 --live-updates N the latency of N removals + N additions on a LiveStaticMask against a rebuild
 (merge) of the index.
 
+`--select early` runs every arm (unconstrained included) with xBeam's early-terminating exact top-W,
+the selection of the `xgr` decoder, which ranks STATIC's sparse candidates too.
+
 With --interleave-sizes every size's index is built first and all (size, arm) pairs alternate repeat
 by repeat, so each arm's `step_vs_smallest_size` (flatness in |C|) is a same-process ratio too.
 
@@ -57,8 +60,9 @@ from genrec.workloads.constraints.sets import uniform_random
 from genrec.workloads.constraints.transition import SPARSE_FRACTION, build_transition_matrix
 from genrec.workloads.constraints.vntk import StaticMask
 from genrec.workloads.decoding.base import PhaseTimer
-from genrec.workloads.decoding.beam_core import run_beam_search
+from genrec.workloads.decoding.beam_core import run_beam_search, select_beams
 from genrec.workloads.decoding.processors import ConstraintProcessor, ConstraintState
+from genrec.workloads.decoding.xbeam import EarlyTopK
 from genrec.workloads.io import atomic_write_text
 
 ALL_BACKENDS = (
@@ -141,10 +145,16 @@ class DecodeTiming:
 
 
 def synthetic_decode(
-    backend: MaskBackend | None, logits: list[torch.Tensor], batch: int, beam: int, dense: bool = False
+    backend: MaskBackend | None,
+    logits: list[torch.Tensor],
+    batch: int,
+    beam: int,
+    dense: bool = False,
+    select: str = "flat",
 ) -> DecodeTiming:
     """Constrained beam search over fixed logits through the beam core (backend None: unconstrained;
-    `dense`: the dense path on every level)."""
+    `dense`: the dense path on every level; `select`: "flat" = select_beams (what `beam` and `static`
+    run), "early" = xBeam's early-terminating top-W (what `xgr` runs))."""
     dev = logits[0].device
     levels = len(logits)
     processors = (
@@ -154,7 +164,8 @@ def synthetic_decode(
     timer = LevelTimer(dev, scorer)
     _sync(dev)
     t0 = time.perf_counter_ns()
-    out = run_beam_search(scorer, processors, batch, beam, levels, dev, timer)
+    selector = EarlyTopK() if select == "early" else select_beams
+    out = run_beam_search(scorer, processors, batch, beam, levels, dev, timer, selector)
     _sync(dev)
     end = time.perf_counter_ns()
     bounds = [*scorer.starts, end]
@@ -307,7 +318,8 @@ def time_arms(
     with torch.no_grad():
         for rep in range(args.warmup + args.repeats):
             for n, name, be in arms if rep % 2 == 0 else reversed(arms):
-                timing = synthetic_decode(be, logits, args.batch, args.beam, dense=name == "static_dense")
+                dense = name == "static_dense"
+                timing = synthetic_decode(be, logits, args.batch, args.beam, dense, args.select)
                 if rep >= args.warmup:
                     runs[(n, name)].append(timing)
     return runs
@@ -504,6 +516,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--live-updates", type=int, default=0, help="also time N removals + N additions vs a rebuild"
+    )
+    p.add_argument(
+        "--select",
+        choices=("flat", "early"),
+        default="flat",
+        help="every arm's top-W: flat torch.topk (beam, static) or xBeam's early-terminating one (xgr)",
     )
     p.add_argument(
         "--interleave-sizes",

@@ -16,8 +16,9 @@ their log-probs ([R, K], K = the level's branch factor). The selection then rank
 instead of w * T, maps the chosen slots back to (parent, code), and hands each candidate processor the
 chosen slots (`pick`) so it can advance its state without searching. A processor without that method
 gets the dense equivalent (`Candidates.dense()`), so mixing them stays exact. Sparse candidates are
-used with the default top-W selection only: a sampling selector draws noise per candidate, so a
-different candidate layout would change its draws.
+used with an exact top-W selection only (select_beams, or a selector with a `top_flat` method such as
+xBeam's early-terminating one, which then also ranks the candidates): a sampling selector draws noise
+per candidate, so a different candidate layout would change its draws.
 
 Scores are the model's unrenormalised log-probabilities, so a constrained SID scores what it scores
 unconstrained. Beams that cannot be filled (fewer valid completions than W) keep score -inf;
@@ -27,6 +28,7 @@ outside the constraint.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
@@ -168,7 +170,7 @@ def select_beams(scores: Tensor, log_probs: Tensor, beam_width: int) -> tuple[Te
 
 
 def select_candidates(
-    scores: Tensor, cand: Candidates, beam_width: int, users: Tensor
+    scores: Tensor, cand: Candidates, beam_width: int, users: Tensor, top: TopW | None = None
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """select_beams over sparse candidates: (new scores, parent, code [B, W] long, pick [B*W]).
 
@@ -177,18 +179,30 @@ def select_candidates(
     the order of equal scores, as select_beams over cand.dense()."""
     b, w = scores.shape
     k = cand.log_probs.shape[1]
-    top, flat = top_flat(scores, cand.log_probs.view(b, w, k), beam_width)
+    best, flat = (top or top_flat)(scores, cand.log_probs.view(b, w, k), beam_width)
     pick = (flat + users * (w * k)).view(-1)
     code = cand.codes.reshape(-1).index_select(0, pick).view(b, -1).long()
-    return top, flat // k, code, pick
+    return best, flat // k, code, pick
 
 
 class BeamSelector(Protocol):
-    """How the next beams are chosen among scores[b, j] + log_probs[b, j, c] (top-W by default)."""
+    """How the next beams are chosen among scores[b, j] + log_probs[b, j, c] (top-W by default).
+
+    A selector that picks exactly the W best (any order of equal scores) says so by having a `top_flat`
+    method (a `TopW`); the search then also lets processors propose sparse candidates and ranks them
+    with it. A sampling selector has none."""
 
     def __call__(
         self, scores: Tensor, log_probs: Tensor, beam_width: int
     ) -> tuple[Tensor, Tensor, Tensor]: ...
+
+
+TopW = Callable[[Tensor, Tensor, int], tuple[Tensor, Tensor]]  # like top_flat: (values, flat index)
+
+
+def exact_top(select: BeamSelector) -> TopW | None:
+    """The flat top-W of an exact top-W selector (select_beams: top_flat), None for a sampling one."""
+    return top_flat if select is select_beams else getattr(select, "top_flat", None)
 
 
 class GumbelSelector:
@@ -243,8 +257,9 @@ def run_beam_search(
     else:
         states, scores, codes, first = list(start.states), start.scores, start.codes, start.level
     users = torch.arange(batch, device=device)[:, None]
-    # sparse candidates only under top-W selection (see the module doc)
-    proposes = [select is select_beams and isinstance(proc, CandidateProcessor) for proc in processors]
+    # sparse candidates only under an exact top-W selection (see the module doc)
+    top = exact_top(select)
+    proposes = [top is not None and isinstance(proc, CandidateProcessor) for proc in processors]
     choices = []
     for level in range(first, levels):
         seen: Tensor | Candidates = scorer.level_log_probs(level)
@@ -263,7 +278,7 @@ def run_beam_search(
         w = scores.shape[1]
         pick = None
         if isinstance(seen, Candidates):
-            scores, parent, code, pick = select_candidates(scores, seen, beam_width, users)
+            scores, parent, code, pick = select_candidates(scores, seen, beam_width, users, top)
         else:
             seen = seen.view(batch, w, -1)
             scores, parent, code = select(scores, seen, beam_width)

@@ -59,10 +59,15 @@ def stable_topk(cand: Tensor, k: int) -> tuple[Tensor, Tensor]:
     """Top k (<= N) of each row of cand [B, N], best first, equal values by lower index (what a stable
     descending sort puts first): (values [B, k], indices [B, k]).
 
-    One top-k finds the k-th value v; the members are every candidate above v plus the first (by
-    index) of those equal to v; a stable sort of the k members (in index order) orders them."""
-    b = cand.shape[0]
-    kth = cand.topk(k, dim=-1).values[:, -1:]
+    One top-(k+1): when its values strictly decrease, the k best and their order are unique, so they
+    are the answer (the common case: ties are rare in float log-probs). Otherwise the k-th value v
+    decides: the members are every candidate above v plus the first (by index) of those equal to v,
+    and a stable sort of the k members (in index order) orders them."""
+    b, n = cand.shape
+    values, index = cand.topk(min(k + 1, n), dim=-1)
+    if bool((values[:, 1:] < values[:, :-1]).all()):
+        return values[:, :k], index[:, :k]
+    kth = values[:, k - 1 : k]
     above, equal = cand > kth, cand == kth
     need = k - above.sum(dim=-1, keepdim=True)
     members = above | (equal & (equal.cumsum(dim=-1) <= need))
@@ -157,6 +162,13 @@ def _group_tables_numpy(w: int, t: int, stripes: int) -> tuple[np.ndarray, ...]:
     return tuple(x.numpy() for x in _group_tables(w, t, stripes, torch.device("cpu")))
 
 
+def prunes(w: int, t: int, k: int, stripes: int = STRIPES) -> bool:
+    """Whether group pruning applies to a top-k of w x t candidates and pays: T splits into >= 2 codes
+    per group, more groups than k + 1, and the kept groups at most half of all candidates."""
+    g = t // stripes if t % stripes == 0 else 0
+    return g >= 2 and w * stripes > k + 1 and 2 * (k + 1) * g <= w * t
+
+
 def early_topk(
     scores: Tensor, log_probs: Tensor, beam_width: int, stripes: int = STRIPES, scratch: Tensor | None = None
 ) -> tuple[Tensor, Tensor]:
@@ -168,8 +180,7 @@ def early_topk(
     n = w * t
     k = min(beam_width, n)
     found = None
-    g = t // stripes if t % stripes == 0 else 0
-    if g >= 2 and w * stripes > k + 1 and 2 * (k + 1) * g <= n:  # the kept set is at most half of all
+    if prunes(w, t, k, stripes):
         found = pruned_topk(scores, log_probs, k, stripes, scratch)
     top, flat = found if found is not None else stable_topk((scores[:, :, None] + log_probs).view(b, n), k)
     if k < beam_width:
@@ -212,6 +223,12 @@ class EarlyTopK:
         if self.buffers is None or self.buffers.group_max.numel() < size:
             return None
         return self.buffers.group_max[:size].view(b, w, self.stripes)
+
+    def top_flat(self, scores: Tensor, log_probs: Tensor, beam_width: int) -> tuple[Tensor, Tensor]:
+        """(values, flat index) of the exact top W of the beam core's sparse candidates (having this
+        method makes the selector exact top-W: processors may propose candidates, ranked here; the
+        outputs are not written to the buffers)."""
+        return early_topk(scores, log_probs, beam_width, self.stripes)
 
     def __call__(self, scores: Tensor, log_probs: Tensor, beam_width: int) -> tuple[Tensor, Tensor, Tensor]:
         b, w, t = log_probs.shape
