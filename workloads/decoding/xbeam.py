@@ -35,7 +35,8 @@ these fixed addresses enable) is not done here.
 
 Valid-path filter (section 6.1): the constraint processor (processors.ConstraintProcessor with
 STATIC's index: dense tables for the first levels, CSR rows for the rest) is xGR's item mask; the
-decoder reuses it unchanged.
+decoder reuses it unchanged. `EarlyTopK.top_flat` makes it an exact top-W selector for the beam core,
+so the constraint's sparse candidates (a beam's few valid children) are ranked by it too.
 """
 
 from __future__ import annotations

@@ -7,8 +7,9 @@ One prefill per user, then L - 1 cached steps of batch x BW rows through the bea
   only permutes the per-step row table (KVCache.expand(indexed=True)), which the attention reads
   through (the Triton kernel in its loads, the torch backend by a gather per layer);
 - early-terminating top-BW (`select="early"`, xbeam.EarlyTopK), exact: ties by lower index;
-- the valid-path filter: `constraint` (BeamParams) masks every level with the constraint set's index
-  (processors.ConstraintProcessor, STATIC's CSR index), as for `beam`;
+- the valid-path filter: `constraint` (BeamParams) restricts every level to the constraint set's index
+  (processors.ConstraintProcessor, STATIC's index: dense tables for the first levels, sparse candidates
+  on the rest, which the early top-BW ranks), as for `beam`;
 - buffer reuse (`reuse_buffers`): the per-beam KV storage, its row table and the selection outputs
   are allocated once per (batch, BW, model) shape and lent to each request of that shape.
 
