@@ -274,7 +274,13 @@ def compared_sentence(df: pd.DataFrame) -> str:
     3 repeats each'."""
     labels = config_label_series(df)
     decoders = sorted(df["decoder"].astype(str).unique()) if "decoder" in df else []
-    parts = [f"{labels.nunique()} configurations of {len(decoders)} decoder(s) ({', '.join(decoders)})"]
+    where = ""
+    if "param_decoder" in df and df["param_decoder"].notna().any():  # a benchmark that varies decoders
+        where = f" in {', '.join(decoders)}"
+        decoders = sorted(df["param_decoder"].dropna().astype(str).unique())
+    parts = [
+        f"{labels.nunique()} configurations of {len(decoders)} decoder(s) ({', '.join(decoders)}){where}"
+    ]
     for col, word in (("dataset", "data"), ("model", "model")):
         if col in df and df[col].notna().any():
             vals = sorted({str(v) for v in df[col].dropna() if str(v)})

@@ -278,6 +278,12 @@ AXES: dict[str, AxisSpec] = {
     "goodput_rps": AxisSpec("goodput", "req/s within the SLO"),
     "offered_rate_rps": AxisSpec("offered rate", "req/s"),
     "rate": AxisSpec("offered rate", "req/s"),
+    # serving benchmark (xgr_serving): figures at the highest rate meeting the SLO
+    "best_rate": AxisSpec("highest rate meeting the SLO", "req/s"),
+    "goodput_at_best": AxisSpec("goodput at that rate", "req/s within the SLO"),
+    "batch_size_at_best": AxisSpec("mean server batch size at that rate", "requests"),
+    "service_us_per_token": AxisSpec("service model: time per prompt token", "µs"),
+    "service_overhead_ms": AxisSpec("service model: time per batch", "ms"),
     "batch_size_mean": AxisSpec("mean server batch size", "requests"),
 }
 _QUALITY_NAMES = {"hr": "HR", "recall": "Recall", "ndcg": "NDCG", "precision": "Precision", "mrr": "MRR"}

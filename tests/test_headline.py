@@ -184,3 +184,23 @@ def test_error_bars_show_the_range_over_repeats_when_seeds_give_none():
     )
     bars = error_bars(rows, "latency_p50_ms")
     assert bars["array"] == [3.0, 5.0] and bars["arrayminus"] == [2.0, 5.0] and not bars["symmetric"]
+
+
+def test_compared_sentence_names_the_decoders_a_benchmark_varies():
+    """A benchmark row's `decoder` is the benchmark; the decoders it compares are its param_decoder."""
+    from genrec.dashboards.headline import compared_sentence
+
+    df = pd.DataFrame(
+        {
+            "decoder": ["benchmark:xgr_serving"] * 4,
+            "param_decoder": ["xgr", "xgr", "hf_beam", "hf_beam"],
+            "param_policy": ["slo", "fixed", "slo", "fixed"],
+            "best_rate": [400.0, 320.0, 40.0, 30.0],
+        }
+    )
+    sentence = compared_sentence(df)
+    assert sentence.startswith("4 configurations of 2 decoder(s) (hf_beam, xgr) in benchmark:xgr_serving")
+    plain = compared_sentence(
+        df.drop(columns="param_decoder").assign(decoder=["beam", "beam", "nezha", "nezha"])
+    )
+    assert plain.split(";")[0] == "4 configurations of 2 decoder(s) (beam, nezha)"

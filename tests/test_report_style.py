@@ -277,6 +277,9 @@ def test_axis_titles_carry_units_batch_size_and_rate_ranges(results, index):
     for rate in ("hr@10", "recall@20", "ndcg@5", "invalid_rate", "acceptance", "acceptance_level_3"):
         assert style.describe(rate).rate and style.axis(rate)["range"] == [-0.02, 1.02]
     assert not style.describe("latency_p99_ms").rate
+    # request rates are req/s, not shares (the serving benchmark's best_rate drew on a 0-1 axis)
+    for column in ("best_rate", "rate", "param_rate", "offered_rate_rps"):
+        assert not style.describe(column).rate and "req/s" in style.axis_title(column)
     figs = figures_in_html(page(results, "decoders_a"))
     titles = [t for f in figs for t in axis_titles(f).values()]
     assert "latency p50 per batch of 16 users (ms) (log scale)" in titles  # make_row's batch_size
