@@ -12,7 +12,6 @@ runs, with the smallest and largest beside it, as `genrec eval` does for latency
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import asdict
 from datetime import UTC, datetime
 
@@ -62,15 +61,13 @@ def benchmark_row(spec: TrialSpec, run_id: str, params: dict, seed: int, metrics
 
 def run_benchmark_trial(config: dict) -> None:
     """Tune function trainable for `benchmark:` experiments (chosen by run_sweep)."""
-    from genrec.platform.sweep.trial import SPEC_KEY, begin_trial, report_trial_row
+    from genrec.platform.sweep.trial import begin_trial
     from genrec.workloads.benchmarks.registry import get_benchmark
 
-    t0 = time.perf_counter()
-    started = time.time()
-    spec: TrialSpec = config[SPEC_KEY]
-    trial_id, run_id, reused = begin_trial(spec)
-    if reused:
+    trial = begin_trial(config)
+    if trial is None:
         return
+    spec = trial.spec
 
     import torch
 
@@ -81,5 +78,5 @@ def run_benchmark_trial(config: dict) -> None:
     bench = get_benchmark(spec.benchmark)
     # eval.repeats: the whole benchmark again; its numbers become medians with their range beside them
     metrics = median_over_repeats([bench.run(**kwargs) for _ in range(spec.repeats)])
-    flat = benchmark_row(spec, run_id, params, seed, metrics, str(kwargs.get("device", spec.device)))
-    report_trial_row(flat, trial_id, started, t0)
+    flat = benchmark_row(spec, trial.run_id, params, seed, metrics, str(kwargs.get("device", spec.device)))
+    trial.report(flat)

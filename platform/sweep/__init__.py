@@ -123,10 +123,10 @@ from genrec.platform.sweep.resume import (
 )
 from genrec.platform.sweep.trial import (
     SPEC_KEY,
+    TrialRun,
     begin_trial,
     numeric_metrics,
     param_space,
-    report_trial_row,
     run_trial,
 )
 from genrec.platform.tracking import ExperimentLock
@@ -194,7 +194,7 @@ __all__ = [
     "begin_trial",
     "numeric_metrics",
     "param_space",
-    "report_trial_row",
+    "TrialRun",
     "run_trial",
 ]
 

@@ -5,7 +5,7 @@ experiment's `arm`), its `seed`, and under `SPEC_KEY` the experiment's `TrialSpe
 shares). `run_trial` reads it back, loads the checkpoint, the dataset and an optional draft once per
 worker process (`cached_host`), evaluates the decoder and reports the flat result row: numbers as
 Tune metrics plus the whole row as JSON under `ROW_KEY` (the driver's callbacks store it).
-`begin_trial` / `report_trial_row` are shared with the benchmark trainable
+`begin_trial` (-> `TrialRun`, whose `report` stores the row) is shared with the benchmark trainable
 (genrec.platform.benchmark_trial): a trial whose row is already stored reports it again instead of
 running (see genrec.platform.sweep for the exactly-once protocol).
 """
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from ray import tune
@@ -56,45 +57,56 @@ def numeric_metrics(flat: dict) -> dict[str, float]:
     }
 
 
-def begin_trial(spec: TrialSpec) -> tuple[str, str, bool]:
-    """(trial id, run id, reused). A trial whose row is already stored finished before the driver
-    died: its row is reported again (reused=True) and the trial must not run again."""
+@dataclass(frozen=True)
+class TrialRun:
+    """One call of a trainable: the shared spec, its ids, and when it started (wall clock for the row,
+    perf counter for its duration)."""
+
+    spec: TrialSpec
+    trial_id: str
+    run_id: str
+    started: float
+    t0: float
+
+    def report(self, flat: dict) -> None:
+        """Add the trial's own columns to its flat row and report it (the driver's callbacks store it)."""
+        flat["ray_trial_id"] = self.trial_id
+        flat["trial_started_at"] = self.started
+        flat["trial_wall_s"] = time.perf_counter() - self.t0
+        tune.report({**numeric_metrics(flat), ROW_KEY: json.dumps(flat), "genrec_reused": 0})
+
+
+def begin_trial(config: dict) -> TrialRun | None:
+    """The trial this trainable call runs, or None when its row is already stored: it finished before
+    the driver died, so its row is reported again and the trial must not run again."""
+    t0, started = time.perf_counter(), time.time()
+    spec: TrialSpec = config[SPEC_KEY]
     trial_id = tune.get_context().get_trial_id()
     run_id = f"{spec.experiment}-{trial_id}"
     stored = read_row(spec.results_dir, spec.experiment, run_id)
     if stored is not None:
         tune.report({**numeric_metrics(stored), ROW_KEY: json.dumps(stored), "genrec_reused": 1})
-    return trial_id, run_id, stored is not None
-
-
-def report_trial_row(flat: dict, trial_id: str, started: float, t0: float) -> None:
-    """Add the trial's own columns to its flat row and report it (the driver's callbacks store it)."""
-    flat["ray_trial_id"] = trial_id
-    flat["trial_started_at"] = started
-    flat["trial_wall_s"] = time.perf_counter() - t0
-    tune.report({**numeric_metrics(flat), ROW_KEY: json.dumps(flat), "genrec_reused": 0})
+        return None
+    return TrialRun(spec, trial_id, run_id, started, t0)
 
 
 def run_trial(config: dict) -> None:
     """Tune function trainable: evaluate one (params, seed) point and report its result row."""
-    t0 = time.perf_counter()
-    started = time.time()
-    spec: TrialSpec = config[SPEC_KEY]
-    trial_id, run_id, reused = begin_trial(spec)
-    if reused:
+    trial = begin_trial(config)
+    if trial is None:
         return
 
     import torch
 
     from genrec.workloads.evaluation import EvalConfig, evaluate, model_label
 
-    spec, point = spec.for_trial(config)  # a multi-decoder experiment: the trial's arm
+    spec, point = trial.spec.for_trial(config)  # a multi-decoder experiment: the trial's arm
     params = spec.decoder_params(point)  # typed like `genrec eval --param`
     threads = spec.torch_threads
     torch.set_num_threads(threads)
     # loaded once per worker, the draft (AtSpeed) beside the model
     host = cached_host(spec.model, spec.data, spec.device, threads, draft=spec.draft or None)
-    load_s = time.perf_counter() - t0
+    load_s = time.perf_counter() - trial.t0
     cfg = EvalConfig(
         decoder=spec.decoder,
         params=params,
@@ -113,7 +125,7 @@ def run_trial(config: dict) -> None:
     row = evaluate(
         host.context, host.ds, cfg, model_label(spec.model), progress=False, draft_name=draft_name
     ).row
-    row.run_id = run_id
+    row.run_id = trial.run_id
     flat = row.to_flat()
     flat["trial_load_s"] = load_s
-    report_trial_row(flat, trial_id, started, t0)
+    trial.report(flat)
