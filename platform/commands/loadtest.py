@@ -107,24 +107,9 @@ def loadtest_command(
     """Send recommendation requests to a running `genrec serve` app and report latency percentiles,
     throughput, goodput under an SLO, rejections and Serve overhead; optionally sweep the rate."""
     from genrec.platform import loadgen
-    from genrec.platform.commands.common import check_folder, check_range, command_hint, results_dir_args
 
     rates = parse_rates(sweep_rates)
-    if find_max_rate:  # checked here, before the app is contacted
-        if not start_rate > 0:
-            raise UserInputError(f"--start-rate {start_rate}: must be > 0 requests/s")
-        check_range("--max-rate", max_rate, start_rate, note="at least --start-rate")
-        if not growth > 1:
-            raise UserInputError(f"--growth {growth}: must be > 1 (the rate multiplier while the SLO holds)")
-        check_range("--refine-steps", refine_steps, 0)
-    if data is not None:
-        check_folder("--data", data, "pass a dataset folder, or leave --data out to use the app's")
-    if rates and find_max_rate:
-        raise UserInputError("use either --sweep-rates or --find-max-rate, not both")
-    if (rates or find_max_rate) and mode != "open":
-        raise UserInputError(
-            "rate sweeps are open-loop: drop --mode closed (or run single closed-loop tests)"
-        )
+    check_loadtest_options(rates, find_max_rate, start_rate, max_rate, growth, refine_steps, data, mode)
     cfg = loadgen.LoadConfig(
         url=url,
         mode=mode,
@@ -150,19 +135,81 @@ def loadtest_command(
 
     if rates or find_max_rate:
         measure = loadgen.rate_measure(cfg, histories, ctx, tracking, progress)
-        if rates:
-            search = loadgen.sweep_rates(measure, rates)
-        else:
-            search = loadgen.find_max_rate(measure, start_rate, max_rate, growth, refine_steps)
-        typer.echo(
-            f"rate sweep against {url} ({len(search.points)} rates, {duration:g} s each, experiment "
-            f"{experiment}):"
-        )
-        typer.echo(loadgen.format_sweep(search, slo_ms, max_rejection))
+        search = run_rate_search(measure, rates, start_rate, max_rate, growth, refine_steps)
+        print_rate_search(search, url, duration, experiment, slo_ms, max_rejection)
         last = search.points[-1].result
     else:
         last = loadgen.run_one(cfg, histories, ctx, tracking, progress=progress)
         typer.echo(loadgen.format_summary(last))
+    print_where_results_went(last, experiment, results_dir, tracking, mlflow_uri)
+
+
+def check_loadtest_options(
+    rates: list[float],
+    find_max_rate: bool,
+    start_rate: float,
+    max_rate: float,
+    growth: float,
+    refine_steps: int,
+    data: Path | None,
+    mode: str,
+) -> None:
+    """Option combinations and the --find-max-rate settings, checked before the app is contacted."""
+    from genrec.platform.commands.common import check_folder
+
+    if find_max_rate:
+        check_search_settings(start_rate, max_rate, growth, refine_steps)
+    if data is not None:
+        check_folder("--data", data, "pass a dataset folder, or leave --data out to use the app's")
+    if rates and find_max_rate:
+        raise UserInputError("use either --sweep-rates or --find-max-rate, not both")
+    if (rates or find_max_rate) and mode != "open":
+        raise UserInputError(
+            "rate sweeps are open-loop: drop --mode closed (or run single closed-loop tests)"
+        )
+
+
+def check_search_settings(start_rate: float, max_rate: float, growth: float, refine_steps: int) -> None:
+    """--start-rate, --max-rate, --growth and --refine-steps of --find-max-rate."""
+    from genrec.platform.commands.common import check_range
+
+    if not start_rate > 0:
+        raise UserInputError(f"--start-rate {start_rate}: must be > 0 requests/s")
+    check_range("--max-rate", max_rate, start_rate, note="at least --start-rate")
+    if not growth > 1:
+        raise UserInputError(f"--growth {growth}: must be > 1 (the rate multiplier while the SLO holds)")
+    check_range("--refine-steps", refine_steps, 0)
+
+
+def run_rate_search(
+    measure, rates: list[float], start_rate: float, max_rate: float, growth: float, refine_steps: int
+):
+    """--sweep-rates: each of the rates; --find-max-rate: grow from --start-rate, then bisect."""
+    from genrec.platform import loadgen
+
+    if rates:
+        return loadgen.sweep_rates(measure, rates)
+    return loadgen.find_max_rate(measure, start_rate, max_rate, growth, refine_steps)
+
+
+def print_rate_search(
+    search, url: str, duration: float, experiment: str, slo_ms: float, max_rejection: float
+) -> None:
+    from genrec.platform import loadgen
+
+    typer.echo(
+        f"rate sweep against {url} ({len(search.points)} rates, {duration:g} s each, experiment "
+        f"{experiment}):"
+    )
+    typer.echo(loadgen.format_sweep(search, slo_ms, max_rejection))
+
+
+def print_where_results_went(
+    last, experiment: str, results_dir: Path, tracking, mlflow_uri: str | None
+) -> None:
+    """The requests file, the result rows (with the commands that read them) and the MLflow store."""
+    from genrec.platform.commands.common import command_hint, results_dir_args
+
     typer.echo(f"requests -> {last.requests_file.parent}")
     follow = ["--experiment", experiment, *results_dir_args(results_dir)]  # as run: same rows
     typer.echo(

@@ -78,23 +78,10 @@ def train_command(
     ] = False,
 ) -> None:
     """Train the GR transformer on a dataset's train split (validation loss picks the best epoch)."""
-    from genrec.platform.commands.common import check_device, check_new_output, check_range
     from genrec.workloads.training.trainer import TrainConfig, train
 
-    for flag, value, low, note in (
-        ("--epochs", epochs, 1, ""),
-        ("--batch-size", batch_size, 1, ""),
-        ("--max-items", max_items, 1, ""),
-        ("--warmup-steps", warmup_steps, 0, "0 = no warm-up"),
-        ("--patience", patience, 1, "epochs without validation gain before stopping"),
-        ("--threads", threads, 0, "0 = torch's default"),
-        ("--max-steps", max_steps, 0, "0 = no limit"),
-    ):
-        check_range(flag, value, low, note=note)
-    if not lr > 0:
-        raise UserInputError(f"--lr {lr}: must be > 0")
-    check_new_output(out, overwrite, "a checkpoint or other files")  # before any training time is spent
-    check_device(device)
+    check_train_options(epochs, batch_size, max_items, warmup_steps, patience, threads, max_steps, lr)
+    check_train_output(out, overwrite, device)
     cfg = TrainConfig(
         model_size=model,
         epochs=epochs,
@@ -122,6 +109,41 @@ def train_command(
         f"trained {model}: best val loss {result.best_val_loss:.4f} at epoch {result.best_epoch} "
         f"({result.epochs_run} epochs, {result.steps} steps, {result.seconds:.0f} s) -> {result.path}"
     )
+
+
+def check_train_options(
+    epochs: int,
+    batch_size: int,
+    max_items: int,
+    warmup_steps: int,
+    patience: int,
+    threads: int,
+    max_steps: int,
+    lr: float,
+) -> None:
+    """The numeric options' ranges, named by flag."""
+    from genrec.platform.commands.common import check_range
+
+    for flag, value, low, note in (
+        ("--epochs", epochs, 1, ""),
+        ("--batch-size", batch_size, 1, ""),
+        ("--max-items", max_items, 1, ""),
+        ("--warmup-steps", warmup_steps, 0, "0 = no warm-up"),
+        ("--patience", patience, 1, "epochs without validation gain before stopping"),
+        ("--threads", threads, 0, "0 = torch's default"),
+        ("--max-steps", max_steps, 0, "0 = no limit"),
+    ):
+        check_range(flag, value, low, note=note)
+    if not lr > 0:
+        raise UserInputError(f"--lr {lr}: must be > 0")
+
+
+def check_train_output(out: Path, overwrite: bool, device: str) -> None:
+    """--out and --device, before any training time is spent."""
+    from genrec.platform.commands.common import check_device, check_new_output
+
+    check_new_output(out, overwrite, "a checkpoint or other files")
+    check_device(device)
 
 
 def eval_command(
@@ -165,32 +187,11 @@ def eval_command(
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
 ) -> None:
     """Decode a split with a registered decoder and print HR/NDCG/Recall@K, invalid rate and latency."""
-    from genrec.platform.commands.common import check_device, check_range
-    from genrec.platform.params import cli_values, eval_params
-    from genrec.workloads.decoding.draft import draft_needed_message, needs_draft
-    from genrec.workloads.evaluation import EvalConfig, evaluate, format_table, load_context, model_label
+    from genrec.workloads.evaluation import EvalConfig, evaluate, load_context, model_label
 
-    # explicit ranges, named by flag, before anything loads: 0 is never read as "the default"
-    check_range("--beam-width", beam_width, 1, note="beams kept per decoding step")
-    for cut in k or []:
-        check_range("--k", cut, 1, note="cut-offs of HR/NDCG/Recall@K")
-    check_range("--batch-size", batch_size, 1)
-    check_range("--max-users", max_users, 0, note="0 = every user")
-    check_range("--threads", threads, 0, note="0 = torch's default")
-    check_range("--repeats", repeats, 1, note="timed passes over the split")
-    if needs_draft(decoder) and draft is None:
-        raise UserInputError(draft_needed_message(decoder))
-    check_device(device)
+    check_eval_options(beam_width, k, batch_size, max_users, threads, repeats, decoder, draft, device)
     ks = tuple(sorted(set(k or [5, 10])))
-    values = cli_values(param or [])
-    if beam_width is not None:
-        if "beam_width" in values:
-            raise UserInputError("give the beam width once: --beam-width or --param beam_width, not both")
-        values["beam_width"] = beam_width
-    # typed and validated before the model loads: a bad parameter costs no time
-    runs = [(decoder, eval_params(decoder, values, ks))]
-    if baseline and decoder != "popular":
-        runs.append(("popular", eval_params("popular", {}, ks)))
+    runs = decoder_runs(decoder, param, beam_width, baseline, ks)
     ctx, ds, _ = load_context(model, data, device, draft_dir=draft)
     draft_name = model_label(draft) if draft is not None else ""
     rows = []
@@ -207,6 +208,62 @@ def eval_command(
             repeats=repeats,
         )
         rows.append(evaluate(ctx, ds, cfg, model_label(model), progress=not quiet, draft_name=draft_name).row)
+    print_eval_results(rows, ks, ds, split, model, draft, draft_name)
+    if output:
+        write_eval_rows(output, rows)
+
+
+def check_eval_options(
+    beam_width: int | None,
+    k: list[int] | None,
+    batch_size: int,
+    max_users: int,
+    threads: int,
+    repeats: int,
+    decoder: str,
+    draft: Path | None,
+    device: str,
+) -> None:
+    """Explicit ranges, named by flag, before anything loads: 0 is never read as "the default"."""
+    from genrec.platform.commands.common import check_device, check_range
+    from genrec.workloads.decoding.draft import draft_needed_message, needs_draft
+
+    check_range("--beam-width", beam_width, 1, note="beams kept per decoding step")
+    for cut in k or []:
+        check_range("--k", cut, 1, note="cut-offs of HR/NDCG/Recall@K")
+    check_range("--batch-size", batch_size, 1)
+    check_range("--max-users", max_users, 0, note="0 = every user")
+    check_range("--threads", threads, 0, note="0 = torch's default")
+    check_range("--repeats", repeats, 1, note="timed passes over the split")
+    if needs_draft(decoder) and draft is None:
+        raise UserInputError(draft_needed_message(decoder))
+    check_device(device)
+
+
+def decoder_runs(
+    decoder: str, param: list[str] | None, beam_width: int | None, baseline: bool, ks: tuple[int, ...]
+) -> list[tuple[str, object]]:
+    """(decoder, typed parameters) to evaluate: the decoder, then the popular baseline unless off.
+
+    Typed and validated before the model loads: a bad parameter costs no time."""
+    from genrec.platform.params import cli_values, eval_params
+
+    values = cli_values(param or [])
+    if beam_width is not None:
+        if "beam_width" in values:
+            raise UserInputError("give the beam width once: --beam-width or --param beam_width, not both")
+        values["beam_width"] = beam_width
+    runs = [(decoder, eval_params(decoder, values, ks))]
+    if baseline and decoder != "popular":
+        runs.append(("popular", eval_params("popular", {}, ks)))
+    return runs
+
+
+def print_eval_results(
+    rows: list, ks: tuple[int, ...], ds, split: str, model: Path, draft: Path | None, draft_name: str
+) -> None:
+    from genrec.workloads.evaluation import format_table, model_label
+
     head = rows[0]
     drafted = f", draft {draft_name} ({draft.resolve()})" if draft is not None else ""
     typer.echo(
@@ -214,11 +271,14 @@ def eval_command(
         f"{head.env.device}"
     )
     typer.echo(format_table(rows, ks))
-    if output:
-        from genrec.workloads.io import atomic_write_text
 
-        atomic_write_text(output, "".join(r.to_json().replace("\n", "") + "\n" for r in rows))
-        typer.echo(f"result rows -> {output}")
+
+def write_eval_rows(output: Path, rows: list) -> None:
+    """The result rows as JSON lines."""
+    from genrec.workloads.io import atomic_write_text
+
+    atomic_write_text(output, "".join(r.to_json().replace("\n", "") + "\n" for r in rows))
+    typer.echo(f"result rows -> {output}")
 
 
 def decoders_command() -> None:

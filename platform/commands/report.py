@@ -75,25 +75,52 @@ def report_command(
     ] = False,
 ) -> None:
     """Build standalone HTML reports: one experiment's page, or every experiment's and an index."""
-    from genrec.dashboards.page import ReportOptions
-    from genrec.dashboards.report import build_report
-
     budgets_ms = parse_budgets(budgets)
     if experiment is None:
-        from genrec.dashboards.index import build_index
-
-        options = ReportOptions(metric, latency, tuple(budgets_ms) if budgets_ms else None)
-        result = build_index(results_dir, out, title, options, embed_plotlyjs=embed_plotlyjs)
-        for entry in result.entries:
-            where = entry.page.resolve() if entry.page else f"not built: {entry.error}"
-            typer.echo(f"  {entry.experiment} ({entry.kind}, {entry.rows} rows) -> {where}")
-        path = result.path.resolve()
-        typer.echo(f"index -> {path}")
-        typer.echo(path.as_uri())
-        if result.failures:
-            typer.echo(f"{len(result.failures)} experiment page(s) failed to build (see above)", err=True)
-            raise typer.Exit(1)
+        build_all_reports(results_dir, out, title, metric, latency, budgets_ms, embed_plotlyjs)
         return
+    build_one_report(results_dir, experiment, out, title, metric, latency, budgets_ms, embed_plotlyjs)
+
+
+def build_all_reports(
+    results_dir: Path,
+    out: Path | None,
+    title: str | None,
+    metric: str | None,
+    latency: str,
+    budgets_ms: list[float] | None,
+    embed_plotlyjs: bool,
+) -> None:
+    """Every experiment's page and the index linking them; exit 1 when a page failed to build."""
+    from genrec.dashboards.index import build_index
+    from genrec.dashboards.page import ReportOptions
+
+    options = ReportOptions(metric, latency, tuple(budgets_ms) if budgets_ms else None)
+    result = build_index(results_dir, out, title, options, embed_plotlyjs=embed_plotlyjs)
+    for entry in result.entries:
+        where = entry.page.resolve() if entry.page else f"not built: {entry.error}"
+        typer.echo(f"  {entry.experiment} ({entry.kind}, {entry.rows} rows) -> {where}")
+    path = result.path.resolve()
+    typer.echo(f"index -> {path}")
+    typer.echo(path.as_uri())
+    if result.failures:
+        typer.echo(f"{len(result.failures)} experiment page(s) failed to build (see above)", err=True)
+        raise typer.Exit(1)
+
+
+def build_one_report(
+    results_dir: Path,
+    experiment: str,
+    out: Path | None,
+    title: str | None,
+    metric: str | None,
+    latency: str,
+    budgets_ms: list[float] | None,
+    embed_plotlyjs: bool,
+) -> None:
+    """One experiment's page."""
+    from genrec.dashboards.report import build_report
+
     path = build_report(
         results_dir,
         experiment,

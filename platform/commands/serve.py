@@ -67,35 +67,13 @@ def serve_command(
 ) -> None:
     """Serve recommendations over HTTP: POST /recommend (and /rank with --ranking), GET /health, /decoders,
     /constraint-sets."""
-    from genrec.platform.commands.common import check_range
-    from genrec.platform.serve.config import ServeConfig, read_serve_file
-    from genrec.platform.serve.server import (
-        HttpSettings,
-        check_before_start,
-        get_json,
-        serve_config_from,
-        start_server,
-        stop_server,
-    )
+    from genrec.platform.serve.config import read_serve_file
+    from genrec.platform.serve.server import check_before_start, serve_config_from
 
-    # before the config file is read: a given number is checked, never swapped for a default
-    check_range("--port", port, 1, 65535)
-    check_range("--replicas", replicas, 1)
-    check_range("--threads", threads, 1, note="torch threads and Ray CPUs per replica")
-    check_range("--num-cpus", num_cpus, 1, note="CPUs of the local Ray instance")
-    check_range("--max-batch-size", max_batch_size, 1, note="1 = no dynamic batching")
-    check_range("--batch-wait-ms", batch_wait_ms, 0)
-    if host is not None and not host.strip():
-        raise UserInputError("--host '': give a bind address, e.g. 127.0.0.1 (this machine) or 0.0.0.0 (all)")
+    check_serve_options(port, replicas, threads, num_cpus, max_batch_size, batch_wait_ms, host)
     file = read_serve_file(config) if config is not None else None
     args = dict(file.args) if file else {}
-    batching = dict(args.get("batching") or {})
-    if file and file.user_config:
-        batching.update(file.user_config)
-    if max_batch_size is not None:
-        batching["max_batch_size"] = max_batch_size
-    if batch_wait_ms is not None:
-        batching["batch_wait_timeout_s"] = batch_wait_ms / 1e3
+    batching = batching_settings(file, args, max_batch_size, batch_wait_ms)
     overrides = {
         "model": str(model) if model else None,
         "data": str(data) if data else None,
@@ -108,25 +86,84 @@ def serve_command(
         "batching": batching or None,
     }
     if overrides["decoders"]:  # keep defaults only for decoders still served (the file's, or built-in)
-        given = (
-            args["defaults"]
-            if "defaults" in args
-            else ServeConfig.model_fields["defaults"].get_default(call_default_factory=True)
-        )
-        args["defaults"] = {k: v for k, v in given.items() if k in overrides["decoders"]}
+        args["defaults"] = served_defaults(args, overrides["decoders"])
     cfg = serve_config_from(args, overrides)
-    http = HttpSettings(
+    http = http_settings(file, host, port, ingress)
+    print_starting(cfg)
+    check_before_start(cfg, http, ray_address)  # bad files, device or ingress: exit 2 before Ray starts
+    serve_until_stopped(cfg, http, ray_address, num_cpus)
+
+
+def check_serve_options(
+    port: int | None,
+    replicas: int | None,
+    threads: int | None,
+    num_cpus: int | None,
+    max_batch_size: int | None,
+    batch_wait_ms: float | None,
+    host: str | None,
+) -> None:
+    """Before the config file is read: a given number is checked, never swapped for a default."""
+    from genrec.platform.commands.common import check_range
+
+    check_range("--port", port, 1, 65535)
+    check_range("--replicas", replicas, 1)
+    check_range("--threads", threads, 1, note="torch threads and Ray CPUs per replica")
+    check_range("--num-cpus", num_cpus, 1, note="CPUs of the local Ray instance")
+    check_range("--max-batch-size", max_batch_size, 1, note="1 = no dynamic batching")
+    check_range("--batch-wait-ms", batch_wait_ms, 0)
+    if host is not None and not host.strip():
+        raise UserInputError("--host '': give a bind address, e.g. 127.0.0.1 (this machine) or 0.0.0.0 (all)")
+
+
+def batching_settings(file, args: dict, max_batch_size: int | None, batch_wait_ms: float | None) -> dict:
+    """args.batching of the file, then its user_config, then --max-batch-size / --batch-wait-ms."""
+    batching = dict(args.get("batching") or {})
+    if file and file.user_config:
+        batching.update(file.user_config)
+    if max_batch_size is not None:
+        batching["max_batch_size"] = max_batch_size
+    if batch_wait_ms is not None:
+        batching["batch_wait_timeout_s"] = batch_wait_ms / 1e3
+    return batching
+
+
+def served_defaults(args: dict, served: list[str]) -> dict:
+    """The decoder defaults (the file's, or built-in) of the decoders still served."""
+    from genrec.platform.serve.config import ServeConfig
+
+    given = (
+        args["defaults"]
+        if "defaults" in args
+        else ServeConfig.model_fields["defaults"].get_default(call_default_factory=True)
+    )
+    return {k: v for k, v in given.items() if k in served}
+
+
+def http_settings(file, host: str | None, port: int | None, ingress: str):
+    """--host / --port, else the file's, else 127.0.0.1:8000."""
+    from genrec.platform.serve.server import HttpSettings
+
+    return HttpSettings(
         host=host if host is not None else (file.host if file else "127.0.0.1"),
         port=port if port is not None else (file.port if file else 8000),
         request_timeout_s=file.request_timeout_s if file else None,
         ingress=ingress,
     )
+
+
+def print_starting(cfg) -> None:
     drafted = f", draft {cfg.draft}" if cfg.draft else ""
     typer.echo(
         f"starting Ray Serve: model {cfg.model}{drafted}, decoders {cfg.decoders}, "
         f"max_batch_size {cfg.batching.max_batch_size}, wait {cfg.batching.batch_wait_timeout_s * 1e3:g} ms"
     )
-    check_before_start(cfg, http, ray_address)  # bad files, device or ingress: exit 2 before Ray starts
+
+
+def serve_until_stopped(cfg, http, ray_address: str | None, num_cpus: int | None) -> None:
+    """Start the app and serve until SIGTERM, SIGINT or SIGHUP; always shut down Ray (and HAProxy)."""
+    from genrec.platform.serve.server import get_json, start_server, stop_server
+
     stop = StopSignal()
     try:
         try:
