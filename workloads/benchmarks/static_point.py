@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from genrec.kernels.constrained_mask_torch import csr_candidates, packed_edges, row_bounds
-from genrec.workloads.benchmarks.static_step import _sync, make_logits, synthetic_decode
+from genrec.workloads.benchmarks.static_decode import _sync, make_logits, synthetic_decode
 from genrec.workloads.constraints.baselines import BASELINES
 from genrec.workloads.constraints.sets import ConstraintSet, uniform_random
 from genrec.workloads.constraints.transition import build_transition_matrix

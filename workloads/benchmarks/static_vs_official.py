@@ -48,7 +48,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from genrec.workloads.benchmarks.static_step import make_logits, synthetic_decode
+from genrec.workloads.benchmarks.static_decode import make_logits, synthetic_decode
 from genrec.workloads.constraints.sets import uniform_random
 from genrec.workloads.constraints.transition import build_transition_matrix
 from genrec.workloads.constraints.vntk import StaticMask

@@ -205,7 +205,41 @@ def build_transition_matrix(
     n = len(codes)
     if n == 0:
         raise ConstraintError(f"constraint set {cset.name!r} is empty")
-    # starts[l][i]: row i begins a new prefix of length l + 1 (a new node at level l + 1)
+    trie = _number_trie_nodes(codes, cset.name)
+    row_ptr, edges, level_base = _csr_arrays(trie, d)
+    if len(row_ptr) - 1 >= 2**31 or len(edges) >= 2**31:
+        raise ConstraintError(f"constraint set {cset.name!r} is too large for int32 state ids")
+    dense_bias, child_tables, dense_states = _dense_level_tables(trie, sizes, d, sparse_fraction, level_base)
+
+    return TransitionMatrix(
+        codebook_sizes=sizes,
+        dense_levels=d,
+        row_ptr=torch.from_numpy(row_ptr.astype(np.int32)),
+        edges=torch.from_numpy(edges),
+        max_branch=tuple(trie.max_branch),
+        dense_bias=dense_bias,
+        dense_states=dense_states,
+        child_tables=child_tables,
+        nodes_per_level=tuple(trie.nodes),
+        num_items=n,
+        level_base=tuple(level_base[level] for level in range(d, L)),
+    )
+
+
+@dataclass(frozen=True)
+class _TrieNodes:
+    """The constraint set's trie, numbered level by level from its sorted SID rows."""
+
+    codes: np.ndarray  # [n, L] the sorted, unique SIDs
+    node_of_row: list[np.ndarray]  # [l][i]: local id of row i's level-l node (level 0: the root, id 0)
+    nodes: list[int]  # N_0..N_L
+    child_rows: list[np.ndarray]  # [l]: the rows that begin a level-(l+1) node, in order
+    max_branch: list[int]  # B_l per level l = 0..L-1
+
+
+def _prefix_starts(codes: np.ndarray, name: str) -> np.ndarray:
+    """starts[l][i]: row i begins a new prefix of length l + 1 (a new node at level l + 1)."""
+    n, L = codes.shape
     starts = np.empty((L, n), dtype=bool)
     changed = np.zeros(n, dtype=bool)
     changed[0] = True
@@ -214,10 +248,14 @@ def build_transition_matrix(
             changed[1:] |= codes[1:, level] != codes[:-1, level]
         starts[level] = changed
     if n > 1 and not starts[L - 1, 1:].all():
-        raise ConstraintError(
-            f"constraint set {cset.name!r} has duplicate SIDs (build it with ConstraintSet)"
-        )
-    # node_of_row[l][i]: local id of row i's level-l node (level 0: the root, id 0)
+        raise ConstraintError(f"constraint set {name!r} has duplicate SIDs (build it with ConstraintSet)")
+    return starts
+
+
+def _number_trie_nodes(codes: np.ndarray, name: str) -> _TrieNodes:
+    """Each row's node at every level, the node counts, and each level's branch factor."""
+    starts = _prefix_starts(codes, name)
+    n, L = codes.shape
     node_of_row = [np.zeros(n, dtype=np.int64)]
     for level in range(L):
         node_of_row.append(np.cumsum(starts[level]) - 1)
@@ -229,8 +267,14 @@ def build_transition_matrix(
     for level in range(L):
         parent = node_of_row[level][child_rows[level]]
         max_branch.append(int(np.bincount(parent, minlength=nodes[level]).max()))
+    return _TrieNodes(codes, node_of_row, nodes, child_rows, max_branch)
 
-    # CSR state ids for sparse levels d..L-1
+
+def _csr_arrays(trie: _TrieNodes, d: int) -> tuple[np.ndarray, np.ndarray, dict[int, int]]:
+    """The CSR of sparse levels d..L-1: row_ptr (int64, [S + 1]), the padded int32 edges, and each
+    sparse level's first state id (state 0 is the sink)."""
+    codes, node_of_row, nodes, child_rows = trie.codes, trie.node_of_row, trie.nodes, trie.child_rows
+    L = codes.shape[1]
     level_base = {}
     nxt = 1
     for level in range(d, L):
@@ -253,15 +297,21 @@ def build_transition_matrix(
             next_states.append(np.zeros(len(rows), dtype=np.int64))
         edge_base += len(rows)
     row_ptr[1] = 0  # the first sparse state starts at edge 0 (row_ptr[0] = row_ptr[1] = 0: the sink)
-    edges = _padded_edges(np.concatenate(tokens), np.concatenate(next_states), max(max_branch[d:]))
-    if num_states >= 2**31 or len(edges) >= 2**31:
-        raise ConstraintError(f"constraint set {cset.name!r} is too large for int32 state ids")
+    edges = _padded_edges(np.concatenate(tokens), np.concatenate(next_states), max(trie.max_branch[d:]))
+    return row_ptr, edges, level_base
 
+
+def _dense_level_tables(
+    trie: _TrieNodes, sizes: tuple[int, ...], d: int, sparse_fraction: float, level_base: dict[int, int]
+) -> tuple[list[torch.Tensor | None], list[ChildTable | None], torch.Tensor | None]:
+    """Each dense level's path: its bias row (dense) or child table (sparse), and the CSR states of
+    level d's nodes by prefix when level d - 1 takes the dense path."""
+    codes, max_branch = trie.codes, trie.max_branch
     dense_bias: list[torch.Tensor | None] = []
     child_tables: list[ChildTable | None] = []
     dense_states = None
     for t in range(d):  # level t: prefixes of length t -> length t + 1
-        rows = child_rows[t]
+        rows = trie.child_rows[t]
         prefix = _mixed_radix(codes[rows, :t], sizes[:t])  # p of each child's parent
         child = prefix * sizes[t] + codes[rows, t]  # p of each child
         if max_branch[t] <= sparse_fraction * sizes[t]:
@@ -274,22 +324,9 @@ def build_transition_matrix(
         child_tables.append(None)
         if t == d - 1:
             table = np.zeros(math.prod(sizes[:d]), dtype=np.int32)
-            table[child] = level_base[d] + node_of_row[d][rows]  # the children's CSR states
+            table[child] = level_base[d] + trie.node_of_row[d][rows]  # the children's CSR states
             dense_states = torch.from_numpy(table)
-
-    return TransitionMatrix(
-        codebook_sizes=sizes,
-        dense_levels=d,
-        row_ptr=torch.from_numpy(row_ptr.astype(np.int32)),
-        edges=torch.from_numpy(edges),
-        max_branch=tuple(max_branch),
-        dense_bias=dense_bias,
-        dense_states=dense_states,
-        child_tables=child_tables,
-        nodes_per_level=tuple(nodes),
-        num_items=n,
-        level_base=tuple(level_base[level] for level in range(d, L)),
-    )
+    return dense_bias, child_tables, dense_states
 
 
 def _mixed_radix(codes: np.ndarray, sizes: tuple[int, ...]) -> np.ndarray:

@@ -20,6 +20,7 @@ import random
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -39,6 +40,7 @@ from genrec.workloads.models.inputs import (
 from genrec.workloads.models.nezha_head import HEAD_VARIANTS
 from genrec.workloads.models.transformer import MODEL_SIZES, GRTransformer, model_config_for
 from genrec.workloads.progress import bar_enabled
+from genrec.workloads.sid_codec import SIDCodec
 
 # AtSpeed draft alignment (training/align.py): which objectives read a teacher file, which run the target
 ALIGN_OBJECTIVES = ("wordkd", "seqkd", "tvdkd", "atspeed_s", "atspeed_r")
@@ -217,6 +219,38 @@ def validation_loss(model, windows, item_tokens, cfg: TrainConfig, device, autoc
     return total / n
 
 
+@dataclass
+class _TrainData:
+    """A dataset folder read for training: the item token table, next-item and validation windows."""
+
+    ds: Dataset
+    codec: SIDCodec
+    item_tokens: np.ndarray  # [num_items, L] token ids
+    seqs: list[list[int]]  # each user's train items
+    windows: list[tuple[list[int], int]]  # (window, num_targets)
+    val_windows: list[list[int]]
+
+
+@dataclass
+class _Loop:
+    """What one optimiser step needs: the model, the objective (None: next_item; `align`: an AtSpeed
+    draft objective), the optimiser and schedule, and the batch order's rng."""
+
+    cfg: TrainConfig
+    data: _TrainData
+    model: GRTransformer
+    objective: Any  # nezha / mtp: a HeadObjective (training/nezha_objective.py); None: next_item
+    align: Any  # an AtSpeed draft objective (training/align.py); None otherwise
+    trainable: torch.nn.Module
+    opt: torch.optim.Optimizer
+    sched: torch.optim.lr_scheduler.LambdaLR
+    rng: np.random.Generator
+    lengths: list[int]
+    total_steps: int
+    device: torch.device
+    autocast: bool
+
+
 def train(
     data_dir: str | os.PathLike, out_dir: str | os.PathLike, cfg: TrainConfig, progress: bool = True
 ) -> TrainResult:
@@ -226,64 +260,13 @@ def train(
         torch.set_num_threads(cfg.threads)
     device = resolve_device(cfg.device)
     autocast = device.type == "cuda"
-    ds = load_dataset(data_dir)
-    codec = ds.codec
-    item_tokens = item_token_table(codec, ds.item_codes())
-    seqs = list(ds.user_sequences(("train",)).values())
-    windows = training_windows(seqs, cfg.max_items)
-    if not windows:
-        raise UserInputError(f"{data_dir}: no user has two or more train interactions; nothing to learn from")
-    val_windows = validation_windows(ds, cfg.max_items, cfg.max_val_examples, cfg.seed)
-
-    model_cfg = model_config_for(
-        cfg.model_size, codec.vocab_size, max_prompt_len(codec.levels, cfg.max_items + 1)
-    )
-    model = GRTransformer(model_cfg).to(device)
-    model.train()
-    objective = None  # next_item: the code below as it always was
-    align = None  # an AtSpeed draft objective: next_item's windows and loop, plus alignment
-    align_meta: dict = {}
-    if cfg.objective in ALIGN_OBJECTIVES:
-        from genrec.workloads.training.align import prepare_alignment
-
-        # after the draft is built, so it starts from the weights a next_item run with this seed has
-        align, align_meta = prepare_alignment(cfg, model, ds, item_tokens, windows, device, autocast)
-    elif cfg.objective != "next_item":
-        from genrec.workloads.training.nezha_objective import HeadObjective
-
-        # built after the backbone, so the backbone starts from the same weights as a next_item run
-        objective = HeadObjective(
-            cfg.objective, cfg.head_variant, model, codec, item_tokens, ds.item_codes(), seqs,
-            val_windows, cfg.max_items, device, autocast, cfg.head_batching,
-        )  # fmt: skip
-    trainable = model if objective is None else objective.trainable
-    opt = make_optimizer(trainable, cfg)
-    rng = np.random.default_rng(cfg.seed)
-    lengths = [len(w) for w, _ in windows] if objective is None else objective.lengths()
-    steps_per_epoch = math.ceil(len(lengths) / cfg.batch_size)
-    total_steps = (
-        steps_per_epoch * cfg.epochs
-        if not cfg.max_steps
-        else min(cfg.max_steps, steps_per_epoch * cfg.epochs)
-    )
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_at(s, total_steps, cfg))
-
-    meta = {
-        "dataset": str(Path(data_dir).resolve()),
-        "dataset_name": ds.manifest.name,
-        "model_size": cfg.model_size,
-        "train": asdict(cfg),
-        "objective": cfg.objective,
-        "num_parameters": sum(p.numel() for p in trainable.parameters()),
-        **align_meta,
-    }
-    if objective is not None:
-        meta["history_blind_val_loss"] = objective.history_blind_val_loss()
+    data = _training_data(data_dir, cfg)
+    loop, meta = _setup_loop(data_dir, data, cfg, device, autocast)
     best = (float("inf"), -1)
     history: list[dict] = []
     step, bad_epochs, t0 = 0, 0, time.perf_counter()
     bar = tqdm(
-        total=total_steps,
+        total=loop.total_steps,
         disable=not bar_enabled(progress),
         desc=f"train {cfg.model_size}",
         unit="step",
@@ -294,47 +277,15 @@ def train(
     log = bar.write if progress else (lambda line: None)
     epoch = 0
     for epoch in range(1, cfg.epochs + 1):
-        running, count = 0.0, 0
-        for batch_idx in length_bucketed_batches(lengths, cfg.batch_size, rng):
-            if align is not None:
-                loss = align.loss(batch_idx)
-            elif objective is None:
-                batch = [windows[i] for i in batch_idx]
-                tok, mask, lab = build_training_batch(
-                    [w for w, _ in batch], item_tokens, [n for _, n in batch]
-                )
-                loss = target_loss(model, tok, mask, lab, device, autocast)
-            else:
-                loss = objective.loss(batch_idx)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(trainable.parameters(), cfg.grad_clip)
-            opt.step()
-            sched.step()
-            step += 1
-            running, count = running + loss.item(), count + 1
-            bar.update(1)
-            if step % 10 == 0:
-                bar.set_postfix(
-                    epoch=epoch, loss=f"{running / count:.3f}", lr=f"{sched.get_last_lr()[0]:.1e}"
-                )
-            if cfg.max_steps and step >= cfg.max_steps:
-                break
-        record = {"epoch": epoch, "train_loss": running / max(count, 1)}
-        if align is not None:  # L_rec and L_align apart, to see what the mixture traded
-            record |= align.epoch_parts()
-        if objective is None:
-            val = validation_loss(model, val_windows, item_tokens, cfg, device, autocast)
-        else:  # per-level parts too: they show which levels a draft head has learned
-            val, record["val_level_loss"] = objective.val_losses(cfg.batch_size)
+        running, count, step = _run_epoch(loop, epoch, step, bar)
+        record, val = _end_of_epoch(loop, epoch, running, count)
         history.append(record | {"val_loss": val, "step": step})
-        blind = f" (history-blind {meta['history_blind_val_loss']:.4f})" if objective is not None else ""
+        blind = f" (history-blind {meta['history_blind_val_loss']:.4f})" if loop.objective is not None else ""
         log(f"epoch {epoch}: train loss {running / max(count, 1):.4f}  val loss {val:.4f}{blind}")
         if val < best[0] - 1e-4:
             best, bad_epochs = (val, epoch), 0
             meta.update(best_val_loss=val, best_epoch=epoch, history=history)
-            head = objective.head if objective is not None else None
-            save_checkpoint(out_dir, Checkpoint(model, codec, cfg.max_items, meta, head=head))
+            _save_best(out_dir, loop, meta)
         else:
             bad_epochs += 1
             if bad_epochs >= cfg.patience:
@@ -349,3 +300,149 @@ def train(
         out_dir, dict(history=history, train_seconds=seconds, epochs_run=epoch, steps=step)
     )
     return TrainResult(Path(out_dir), best[0], best[1], epoch, step, seconds, history)
+
+
+def _training_data(data_dir: str | os.PathLike, cfg: TrainConfig) -> _TrainData:
+    ds = load_dataset(data_dir)
+    codec = ds.codec
+    item_tokens = item_token_table(codec, ds.item_codes())
+    seqs = list(ds.user_sequences(("train",)).values())
+    windows = training_windows(seqs, cfg.max_items)
+    if not windows:
+        raise UserInputError(f"{data_dir}: no user has two or more train interactions; nothing to learn from")
+    val_windows = validation_windows(ds, cfg.max_items, cfg.max_val_examples, cfg.seed)
+    return _TrainData(ds, codec, item_tokens, seqs, windows, val_windows)
+
+
+def _setup_loop(
+    data_dir: str | os.PathLike, data: _TrainData, cfg: TrainConfig, device: torch.device, autocast: bool
+) -> tuple[_Loop, dict]:
+    """The model, its objective, optimiser, schedule and batch rng (built in this order: the seeded
+    RNGs are drawn from in it), and the checkpoint's meta."""
+    codec = data.codec
+    model_cfg = model_config_for(
+        cfg.model_size, codec.vocab_size, max_prompt_len(codec.levels, cfg.max_items + 1)
+    )
+    model = GRTransformer(model_cfg).to(device)
+    model.train()
+    objective, align, align_meta = _build_objective(cfg, model, data, device, autocast)
+    trainable = model if objective is None else objective.trainable
+    opt = make_optimizer(trainable, cfg)
+    rng = np.random.default_rng(cfg.seed)
+    lengths = [len(w) for w, _ in data.windows] if objective is None else objective.lengths()
+    total_steps = _total_steps(len(lengths), cfg)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_at(s, total_steps, cfg))
+    meta = _checkpoint_meta(data_dir, data, cfg, trainable, align_meta)
+    if objective is not None:
+        meta["history_blind_val_loss"] = objective.history_blind_val_loss()
+    loop = _Loop(
+        cfg, data, model, objective, align, trainable, opt, sched, rng, lengths, total_steps, device, autocast
+    )
+    return loop, meta
+
+
+def _build_objective(
+    cfg: TrainConfig, model: GRTransformer, data: _TrainData, device: torch.device, autocast: bool
+) -> tuple[Any, Any, dict]:
+    """(head objective, alignment, alignment meta): both None for next_item."""
+    objective = None  # next_item: the code below as it always was
+    align = None  # an AtSpeed draft objective: next_item's windows and loop, plus alignment
+    align_meta: dict = {}
+    if cfg.objective in ALIGN_OBJECTIVES:
+        from genrec.workloads.training.align import prepare_alignment
+
+        # after the draft is built, so it starts from the weights a next_item run with this seed has
+        align, align_meta = prepare_alignment(
+            cfg, model, data.ds, data.item_tokens, data.windows, device, autocast
+        )
+    elif cfg.objective != "next_item":
+        from genrec.workloads.training.nezha_objective import HeadObjective
+
+        # built after the backbone, so the backbone starts from the same weights as a next_item run
+        objective = HeadObjective(
+            cfg.objective, cfg.head_variant, model, data.codec, data.item_tokens, data.ds.item_codes(),
+            data.seqs, data.val_windows, cfg.max_items, device, autocast, cfg.head_batching,
+        )  # fmt: skip
+    return objective, align, align_meta
+
+
+def _total_steps(num_examples: int, cfg: TrainConfig) -> int:
+    steps_per_epoch = math.ceil(num_examples / cfg.batch_size)
+    return (
+        steps_per_epoch * cfg.epochs
+        if not cfg.max_steps
+        else min(cfg.max_steps, steps_per_epoch * cfg.epochs)
+    )
+
+
+def _checkpoint_meta(
+    data_dir: str | os.PathLike,
+    data: _TrainData,
+    cfg: TrainConfig,
+    trainable: torch.nn.Module,
+    align_meta: dict,
+) -> dict:
+    return {
+        "dataset": str(Path(data_dir).resolve()),
+        "dataset_name": data.ds.manifest.name,
+        "model_size": cfg.model_size,
+        "train": asdict(cfg),
+        "objective": cfg.objective,
+        "num_parameters": sum(p.numel() for p in trainable.parameters()),
+        **align_meta,
+    }
+
+
+def _batch_loss(loop: _Loop, batch_idx: np.ndarray) -> torch.Tensor:
+    if loop.align is not None:
+        return loop.align.loss(batch_idx)
+    if loop.objective is None:
+        batch = [loop.data.windows[i] for i in batch_idx]
+        tok, mask, lab = build_training_batch(
+            [w for w, _ in batch], loop.data.item_tokens, [n for _, n in batch]
+        )
+        return target_loss(loop.model, tok, mask, lab, loop.device, loop.autocast)
+    return loop.objective.loss(batch_idx)
+
+
+def _run_epoch(loop: _Loop, epoch: int, step: int, bar: tqdm) -> tuple[float, int, int]:
+    """One pass over the shuffled batches (or up to max_steps): (summed loss, batches, step)."""
+    cfg = loop.cfg
+    running, count = 0.0, 0
+    for batch_idx in length_bucketed_batches(loop.lengths, cfg.batch_size, loop.rng):
+        loss = _batch_loss(loop, batch_idx)
+        loop.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(loop.trainable.parameters(), cfg.grad_clip)
+        loop.opt.step()
+        loop.sched.step()
+        step += 1
+        running, count = running + loss.item(), count + 1
+        bar.update(1)
+        if step % 10 == 0:
+            bar.set_postfix(
+                epoch=epoch, loss=f"{running / count:.3f}", lr=f"{loop.sched.get_last_lr()[0]:.1e}"
+            )
+        if cfg.max_steps and step >= cfg.max_steps:
+            break
+    return running, count, step
+
+
+def _end_of_epoch(loop: _Loop, epoch: int, running: float, count: int) -> tuple[dict, float]:
+    """The epoch's history record (without val_loss and step) and its validation loss."""
+    record = {"epoch": epoch, "train_loss": running / max(count, 1)}
+    if loop.align is not None:  # L_rec and L_align apart, to see what the mixture traded
+        record |= loop.align.epoch_parts()
+    if loop.objective is None:
+        data = loop.data
+        val = validation_loss(
+            loop.model, data.val_windows, data.item_tokens, loop.cfg, loop.device, loop.autocast
+        )
+    else:  # per-level parts too: they show which levels a draft head has learned
+        val, record["val_level_loss"] = loop.objective.val_losses(loop.cfg.batch_size)
+    return record, val
+
+
+def _save_best(out_dir: str | os.PathLike, loop: _Loop, meta: dict) -> None:
+    head = loop.objective.head if loop.objective is not None else None
+    save_checkpoint(out_dir, Checkpoint(loop.model, loop.data.codec, loop.cfg.max_items, meta, head=head))
