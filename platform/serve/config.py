@@ -35,6 +35,7 @@ from genrec.workloads.decoding.draft import (
 )
 from genrec.workloads.decoding.params import CONSTRAINT_RULES, SIZED_RULES, BeamParams
 from genrec.workloads.errors import UserInputError
+from genrec.workloads.serving.slo import DEFAULT_SLO_MS
 from genrec.workloads.serving.xschedule import ScheduleConfig
 
 DEFAULT_HOST = "127.0.0.1"  # local only unless the config says otherwise
@@ -112,7 +113,7 @@ class BatchingConfig(_Strict):
     max_batch_size: int = Field(16, ge=1, le=4096)  # fixed: 1 = batching off; both: the admission bound
     batch_wait_timeout_s: float = Field(0.005, ge=0, le=10)  # fixed
     token_budget: int = Field(65536, ge=1)  # slo: tokens per batch
-    slo_ms: float = Field(200.0, gt=0)  # slo: the latency objective admission control keeps
+    slo_ms: float = Field(DEFAULT_SLO_MS, gt=0)  # slo: the latency objective admission control keeps
     wait_quota_ms: float = Field(60.0, gt=0)  # slo: the longest a request waits for its batch to fill
 
     @model_validator(mode="after")
