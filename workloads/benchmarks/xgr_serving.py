@@ -1,6 +1,7 @@
 """One serving arm as a registry benchmark (`benchmark: xgr_serving`): the in-process harness's rate
-search for a decoder x batching policy at one beam width, so a sweep over policy, beam width and
-decoder is an experiment file (experiments/xgr_serving.yaml) and each trial is one load-test series.
+search for a decoder x batching policy x replica count at one beam width, so a sweep over policy, beam
+width, replicas and decoder is an experiment file (experiments/xgr_serving.yaml) and each trial is one
+load-test series.
 
 `serving_point` loads the checkpoint, runs the harness (workloads/serving/harness.py: Poisson arrivals,
 the batching policy, the decoder's decode, no Ray) over `rates` ("5,10,20": ascending until the first
@@ -44,7 +45,7 @@ def check(params: dict) -> None:
     """Before Ray starts: known policy, positive sizes, a readable rate list, shares in (0, 1)."""
     if params.get("policy", "slo") not in POLICIES:
         raise UserInputError(f"policy must be one of {list(POLICIES)}, got {params.get('policy')!r}")
-    for name in ("beam_width", "k", "max_batch_size"):
+    for name in ("beam_width", "k", "max_batch_size", "replicas"):
         value = params.get(name, 1)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise UserInputError(f"{name} must be an integer >= 1, got {value!r}")
@@ -73,22 +74,27 @@ def serving_point(
     seed: int = 0,
     threads: int = 1,
     device: str = "cpu",
+    replicas: int = 1,
 ) -> dict:
-    """The highest open-loop rate meeting the SLO for one decoder x policy, and its figures."""
+    """The highest open-loop rate meeting the SLO for one decoder x policy x replica count, and its
+    figures. With `replicas` > 1 that many decoder processes (each `threads` torch threads, its own
+    policy) share the arrivals round robin (workloads/serving/replicas.py)."""
     import torch
 
     from genrec.workloads.evaluation import load_context
-    from genrec.workloads.serving.harness import Arm, Options, run_arms
+    from genrec.workloads.serving.harness import Arm, Options, ReplicaSetup, open_replicas, run_arms
 
     if threads:
         torch.set_num_threads(threads)
     ctx, ds, _ = load_context(model, data or None, device)
-    arm = Arm(decoder, policy, max_batch_size, token_budget, wait_share, budget_share)
+    arm = Arm(decoder, policy, max_batch_size, token_budget, wait_share, budget_share, replicas)
     opts = Options(
         beam_width=beam_width, k=k, slo_ms=slo_ms, duration_s=duration_s, warmup_s=warmup_s, seed=seed
     )
     histories = [ex.history for ex in ds.eval_examples("test")]
-    result = run_arms(ctx, histories, [arm], opts, parse_rates(rates), refine, repeats=1)
+    setup = ReplicaSetup(model, (decoder,), beam_width, k, data or None, device, threads)
+    with open_replicas([arm], setup) as pool:
+        result = run_arms(ctx, histories, [arm], opts, parse_rates(rates), refine, 1, replicas=pool)
     return point_metrics(result, arm, model, ds.root.name)
 
 
@@ -109,6 +115,7 @@ def point_metrics(result: dict, arm, model: str, dataset_name: str) -> dict:
         "service_overhead_ms": cal.get("overhead_s", math.nan) * 1e3,
         "service_us_per_token": cal.get("s_per_token", math.nan) * 1e6,
         "rate_points": len(run["points"]),
+        "replicas": arm.replicas,
         "model": model,
         "dataset_name": dataset_name,
     }

@@ -16,6 +16,7 @@ decoder's `decode` as the Serve app's DecoderHost does (`decode_batch_fn`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import time
@@ -33,6 +34,7 @@ from genrec.workloads.serving.open_loop import (
     summarize,
 )
 from genrec.workloads.serving.rate_search import Search, aggregate, interleaved_search
+from genrec.workloads.serving.replicas import ReplicaPool, ReplicaSetup
 from genrec.workloads.serving.slo import DEFAULT_MAX_UNANSWERED, DEFAULT_SLO_MS
 from genrec.workloads.serving.xschedule import (
     POLICIES,
@@ -71,28 +73,39 @@ class Arm:
     token_budget: int = 0  # slo: tokens per batch; 0: calibrated to budget_share of the SLO
     wait_share: float = 0.3  # slo: the wait quota as a share of the SLO
     budget_share: float = 0.35  # slo: a calibrated budget's predicted batch time, as a share of the SLO
+    replicas: int = 1  # decoder processes, each with its own policy (workloads/serving/replicas.py)
+
+    def __post_init__(self) -> None:
+        if self.replicas < 1:
+            raise ValueError(f"an arm needs at least one replica, got {self.replicas}")
 
     @property
     def label(self) -> str:
         if self.policy == "fixed":
-            return f"{self.decoder}/fixed-{self.max_batch_size}"
-        budget = f"t{self.token_budget}" if self.token_budget else f"b{self.budget_share:g}"
-        return f"{self.decoder}/slo-w{self.wait_share:g}-{budget}"
+            base = f"{self.decoder}/fixed-{self.max_batch_size}"
+        else:
+            budget = f"t{self.token_budget}" if self.token_budget else f"b{self.budget_share:g}"
+            base = f"{self.decoder}/slo-w{self.wait_share:g}-{budget}"
+        return base if self.replicas == 1 else f"{base}-r{self.replicas}"
 
     @classmethod
     def parse(cls, label: str) -> Arm:
-        """The arm a label names: DECODER/fixed-N, DECODER/slo[-wSHARE][-bSHARE | -tTOKENS]."""
-        if m := re.fullmatch(r"([\w-]+)/fixed-(\d+)", label):
-            return cls(m[1], "fixed", max_batch_size=int(m[2]))
-        if m := re.fullmatch(r"([\w-]+)/slo(?:-w([\d.]+))?(?:-b([\d.]+)|-t(\d+))?", label):
+        """The arm a label names: DECODER/fixed-N or DECODER/slo[-wSHARE][-bSHARE | -tTOKENS], either
+        followed by -rREPLICAS when more than one replica serves it."""
+        base, replicas = label, 1
+        if m := re.fullmatch(r"(.+)-r(\d+)", label):
+            base, replicas = m[1], int(m[2])
+        if m := re.fullmatch(r"([\w-]+)/fixed-(\d+)", base):
+            return cls(m[1], "fixed", max_batch_size=int(m[2]), replicas=replicas)
+        if m := re.fullmatch(r"([\w-]+)/slo(?:-w([\d.]+))?(?:-b([\d.]+)|-t(\d+))?", base):
             shares = {
                 "wait_share": float(m[2] or cls.wait_share),
                 "budget_share": float(m[3] or cls.budget_share),
             }
-            return cls(m[1], "slo", token_budget=int(m[4] or 0), **shares)
+            return cls(m[1], "slo", token_budget=int(m[4] or 0), replicas=replicas, **shares)
         raise ValueError(
-            f"arm {label!r}: write DECODER/fixed-N or DECODER/slo[-wSHARE][-bSHARE|-tTOKENS], "
-            "e.g. xgr/fixed-4 or xgr/slo-w0.3-b0.35"
+            f"arm {label!r}: write DECODER/fixed-N or DECODER/slo[-wSHARE][-bSHARE|-tTOKENS], optionally "
+            "followed by -rREPLICAS, e.g. xgr/fixed-4, xgr/slo-w0.3-b0.35 or xgr/fixed-8-r2"
         )
 
 
@@ -158,9 +171,16 @@ def calibrate(
 
 
 def load_test(
-    arm: Arm, rate: float, serve_batch: ServeBatch, pool, opts: Options, cal: Calibration | None
+    arm: Arm,
+    rate: float,
+    serve_batch: ServeBatch,
+    pool,
+    opts: Options,
+    cal: Calibration | None,
+    replicas: ReplicaPool | None = None,
 ) -> dict:
-    """One open-loop load test of one arm at one rate: its summary."""
+    """One open-loop load test of one arm at one rate: its summary. An arm with more than one replica
+    runs on `replicas` (worker processes), the others in this process."""
     spec = LoadSpec(
         rate, opts.duration_s, opts.warmup_s, opts.seed, opts.slo_ms / 1e3,
         opts.request_timeout_s, opts.max_unanswered,
@@ -168,8 +188,14 @@ def load_test(
     arrivals = poisson_arrivals(rate, opts.duration_s, opts.seed)
     pick = np.random.default_rng(opts.seed + 1).integers(0, len(pool), size=len(arrivals))
     requests = [(float(t), pool[i][0], pool[i][1]) for t, i in zip(arrivals, pick)]
-    policy = make_policy(arm, opts, cal, time.perf_counter)
-    summary = summarize(run_open_loop(policy, serve_batch, requests, spec), spec)
+    if arm.replicas > 1:
+        if replicas is None:
+            raise ValueError(f"{arm.label}: an arm with {arm.replicas} replicas needs a ReplicaPool")
+        records = replicas.run(arm, opts, cal, requests, spec)
+    else:
+        records = run_open_loop(make_policy(arm, opts, cal, time.perf_counter), serve_batch, requests, spec)
+    summary = summarize(records, spec)
+    summary["replicas"] = arm.replicas
     summary["load_1m"] = os.getloadavg()[0]  # other jobs on a shared machine skew a point: keep it
     return summary
 
@@ -221,10 +247,12 @@ def run_arms(
     refine: int,
     repeats: int,
     progress=None,
+    replicas: ReplicaPool | None = None,
 ) -> dict:
     """Every arm's rate search, interleaved, `repeats` times with the arm order rotated; `rates` may
-    differ per decoder ({decoder: rates}). The decoders of slo arms are calibrated once first, and
-    every decoder is warmed up."""
+    differ per decoder ({decoder: rates}). The decoders of slo arms are calibrated once first (in this
+    process, one replica: every replica's policy starts from that fit), and every decoder is warmed up.
+    Arms with more than one replica run on `replicas` (`open_replicas`)."""
     fns = {
         d: decode_batch_fn(ctx, d, opts.beam_width, opts.k) for d in dict.fromkeys(a.decoder for a in arms)
     }
@@ -238,7 +266,7 @@ def run_arms(
 
     def measure(label: str, rate: float) -> dict:
         arm = by_label[label]
-        point = load_test(arm, rate, fns[arm.decoder], pool, opts, cals.get(arm.decoder))
+        point = load_test(arm, rate, fns[arm.decoder], pool, opts, cals.get(arm.decoder), replicas)
         if progress:
             progress(format_point(label, point))
         return point
@@ -257,3 +285,12 @@ def run_arms(
         },
         "calibration": {d: asdict(c) for d, c in cals.items()},
     }
+
+
+def open_replicas(arms: Sequence[Arm], setup: ReplicaSetup, factory=None):
+    """A context manager giving the ReplicaPool the arms need (as many processes as the largest arm's
+    replica count), or None when every arm has one replica and runs in this process."""
+    size = max((a.replicas for a in arms), default=1)
+    if size == 1:
+        return contextlib.nullcontext(None)
+    return ReplicaPool(setup, size, factory) if factory else ReplicaPool(setup, size)

@@ -41,12 +41,16 @@ This module is the harness's command line (`main`, `parse_args`, `arms_of`, `rat
   (platform/loadgen/).
 - workloads/serving/arms.py: the arms and running them on a model: `Arm`, `Options`, `Calibration`,
   `calibrate`, `arm_budget`, `make_policy`, `load_test`, `format_point`, `request_pool`,
-  `decode_batch_fn`, `run_arms`.
+  `decode_batch_fn`, `run_arms`, `open_replicas`.
+- workloads/serving/replicas.py: arms served by several decoder processes (`--replicas 2`, or an arm
+  label ending in `-r2`), each with its own policy, arrivals routed round robin: `ReplicaSetup`,
+  `ReplicaPool`, `ReplicaError`, `route_round_robin`.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import sys
 from collections.abc import Sequence
@@ -62,6 +66,7 @@ from genrec.workloads.serving.arms import (
     format_point,
     load_test,
     make_policy,
+    open_replicas,
     request_pool,
     run_arms,
 )
@@ -76,6 +81,7 @@ from genrec.workloads.serving.open_loop import (
     summarize,
 )
 from genrec.workloads.serving.rate_search import Search, aggregate, interleaved_search
+from genrec.workloads.serving.replicas import ReplicaError, ReplicaPool, ReplicaSetup, route_round_robin
 from genrec.workloads.serving.slo import DEFAULT_MAX_UNANSWERED, meets_slo, nice_rate
 from genrec.workloads.serving.xschedule import POLICIES
 
@@ -90,6 +96,9 @@ __all__ = [
     "OpenLoop",
     "Options",
     "Record",
+    "ReplicaError",
+    "ReplicaPool",
+    "ReplicaSetup",
     "Search",
     "ServeBatch",
     "aggregate",
@@ -106,10 +115,12 @@ __all__ = [
     "meets_slo",
     "nice",
     "nice_rate",
+    "open_replicas",
     "parse_args",
     "poisson_arrivals",
     "rates_of",
     "request_pool",
+    "route_round_robin",
     "run_arms",
     "run_open_loop",
     "summarize",
@@ -127,11 +138,19 @@ def parse_args(argv: list[str] | None, prog: str) -> argparse.Namespace:
     p.add_argument("--wait-share", type=float, nargs="+", default=[0.3], help="slo: quota / SLO")
     p.add_argument("--budget-share", type=float, nargs="+", default=[0.35], help="slo: batch time / SLO")
     p.add_argument(
+        "--replicas",
+        type=int,
+        nargs="+",
+        default=[1],
+        help="decoder processes per arm, each with its own policy (one arm each; arrivals round robin)",
+    )
+    p.add_argument(
         "--arm",
         nargs="+",
         default=None,
         help="explicit arms instead of the decoder x policy product: DECODER/fixed-N, "
-        "DECODER/slo-wSHARE-bSHARE or DECODER/slo-wSHARE-tTOKENS (e.g. xgr/fixed-4 hf_beam/slo-w0.3-b0.35)",
+        "DECODER/slo-wSHARE-bSHARE or DECODER/slo-wSHARE-tTOKENS, each optionally ending in -rREPLICAS "
+        "(e.g. xgr/fixed-4 hf_beam/slo-w0.3-b0.35 xgr/fixed-8-r2)",
     )
     p.add_argument("--rates", type=float, nargs="+", default=[5, 10, 20, 40, 80])
     p.add_argument(
@@ -152,19 +171,21 @@ def parse_args(argv: list[str] | None, prog: str) -> argparse.Namespace:
 
 
 def arms_of(a: argparse.Namespace) -> list[Arm]:
-    """--arm as given, else decoder x policy: each fixed arm once per --max-batch-size, each slo arm
-    once per budget and share (a given --token-budget makes --budget-share moot)."""
+    """--arm as given, else decoder x policy x replicas: each fixed arm once per --max-batch-size, each
+    slo arm once per budget and share (a given --token-budget makes --budget-share moot)."""
     if a.arm:
         return list(dict.fromkeys(Arm.parse(label) for label in a.arm))
+    if min(a.replicas) < 1:
+        raise ValueError(f"--replicas must be >= 1, got {min(a.replicas)}")
     arms = []
-    for decoder in a.decoder:
+    for decoder, replicas in itertools.product(a.decoder, a.replicas):
         if "fixed" in a.policy:
-            arms += [Arm(decoder, "fixed", max_batch_size=n) for n in a.max_batch_size]
+            arms += [Arm(decoder, "fixed", max_batch_size=n, replicas=replicas) for n in a.max_batch_size]
         if "slo" in a.policy:
             for budget in a.token_budget:
                 shares = a.budget_share if not budget else [Arm.budget_share]
                 arms += [
-                    Arm(decoder, "slo", token_budget=budget, wait_share=w, budget_share=b)
+                    Arm(decoder, "slo", token_budget=budget, wait_share=w, budget_share=b, replicas=replicas)
                     for w in a.wait_share
                     for b in shares
                 ]
@@ -218,10 +239,16 @@ def main(argv: list[str] | None = None, prog: str = "python -m genrec.workloads.
         histories = [ex.history for ex in ds.eval_examples("test")]
         load_before = os.getloadavg()
         arms = arms_of(a)
-        result = run_arms(
-            ctx, histories, arms, opts, rates_of(a, arms), a.refine, a.repeats, lambda m: print(m, flush=True)
-        )
-    except (UserInputError, ValueError) as e:
+        setup = ReplicaSetup(
+            str(a.model), tuple(dict.fromkeys(x.decoder for x in arms)), opts.beam_width, opts.k,
+            a.data, a.device, a.threads,
+        )  # fmt: skip
+        with open_replicas(arms, setup) as replicas:
+            result = run_arms(
+                ctx, histories, arms, opts, rates_of(a, arms), a.refine, a.repeats,
+                lambda m: print(m, flush=True), replicas,
+            )  # fmt: skip
+    except (UserInputError, ValueError, ReplicaError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     result.update(

@@ -55,6 +55,7 @@ class Record:
     queue_s: float = math.nan
     batch_size: int = 0
     predicted_s: float = 0.0  # the policy's prediction at admission (slo; 0 for fixed)
+    replica: int = 0  # which replica served it (workloads/serving/replicas.py; 0 with one)
 
 
 def poisson_arrivals(rate: float, duration_s: float, seed: int) -> np.ndarray:
@@ -75,12 +76,14 @@ def poisson_arrivals(rate: float, duration_s: float, seed: int) -> np.ndarray:
 class OpenLoop:
     """One worker serving a fixed arrival schedule through a policy (see `run_open_loop`)."""
 
-    def __init__(self, policy: BatchPolicy, serve_batch: ServeBatch, requests, spec: LoadSpec, clock) -> None:
+    def __init__(
+        self, policy: BatchPolicy, serve_batch: ServeBatch, requests, spec: LoadSpec, clock, start_s=None
+    ) -> None:
         self.policy, self.serve_batch, self.spec, self.clock = policy, serve_batch, spec, clock
         self.records = [Record(i, off, tok, off < spec.warmup_s) for i, (off, _, tok) in enumerate(requests)]
         self.payloads = [p for _, p, _ in requests]
         self.next = 0  # the first request not yet admitted
-        self.t0 = clock()
+        self.t0 = clock() if start_s is None else start_s  # the clock's time at arrival offset 0
 
     def admit_arrived(self, now: float) -> None:
         """Admit every request that has arrived by `now`, each with its own arrival time."""
@@ -133,10 +136,12 @@ def run_open_loop(
     spec: LoadSpec,
     clock: Callable[[], float] = time.perf_counter,
     sleep: Callable[[float], None] = time.sleep,
+    start_s: float | None = None,
 ) -> list[Record]:
     """Serve `requests` ((arrival offset s, payload, tokens), ascending) with one worker; returns one
-    Record per request, each with its outcome. The policy must use the same `clock`."""
-    run = OpenLoop(policy, serve_batch, requests, spec, clock)
+    Record per request, each with its outcome. The policy must use the same `clock`. Arrival offset 0
+    is `start_s` on that clock (default: now); replicas in other processes share one (replicas.py)."""
+    run = OpenLoop(policy, serve_batch, requests, spec, clock, start_s)
     while True:
         now = clock()
         run.admit_arrived(now)
