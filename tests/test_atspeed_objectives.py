@@ -1,10 +1,14 @@
 """The AtSpeed objectives driver end to end on a small synthetic set: one shared target, drafts per seed,
 strict rows equal to beam search, relaxed rows compared with the target's sampling beam search."""
 
+import json
+from pathlib import Path
+
 import pytest
 
 from genrec.workloads.benchmarks import atspeed_objectives
 from genrec.workloads.errors import UserInputError
+from genrec.workloads.training.teacher import load_teacher
 
 
 def test_shared_target_strict_and_relaxed(synth_dir, tiny_model_dir, tmp_path):
@@ -43,3 +47,36 @@ def test_a_missing_shared_target_is_a_clear_error(synth_dir, tmp_path):
     argv = ["--data", str(synth_dir), "--models-dir", str(tmp_path), "--target", str(tmp_path / "nope")]
     with pytest.raises(UserInputError, match="no checkpoint there"):
         atspeed_objectives.main(argv)
+
+
+def test_mix_objectives_train_on_the_sft_drafts_mixture(synth_dir, tiny_model_dir, tmp_path):
+    """`atspeed_s-mix`: the SFT draft of the seed is trained first and mixed with the target; the
+    teacher file names the draft and lambda, and another lambda builds another file."""
+    models = tmp_path / "models"
+    argv = [
+        "--data", str(synth_dir), "--models-dir", str(models), "--target", str(tiny_model_dir),
+        "--objectives", "atspeed_s-mix", "--seeds", "1", "--epochs", "1", "--draft-size", "tiny",
+        "--k", "3", "--teacher-k", "3", "--draft-beams", "3", "--gamma", "2", "--users", "2",
+    ]  # fmt: skip
+    result = atspeed_objectives.main([*argv, "--mix-lambda", "0.5"])
+    sft = [d for d in models.glob("draft-tiny-sft-seed1-*") if d.is_dir()]
+    assert len(sft) == 1  # q, trained by the driver though `sft` was not asked for
+    (mixed,) = models.glob("teacher-mix0.5-k3-*.parquet")
+    teacher = load_teacher(mixed)
+    assert teacher.kind == "mixture" and teacher.manifest["mix_draft"] == str(sft[0].resolve())
+    draft_dir = Path(result["training"][1]["atspeed_s-mix"]["dir"])
+    draft = json.loads((draft_dir / "config.json").read_text())
+    assert draft["teacher"] == str(mixed.resolve()) and draft["teacher_kind"] == "mixture"
+    assert all(r["identical_share"] == 1.0 for r in result["rows"])
+    atspeed_objectives.main([*argv, "--mix-lambda", "0.25"])
+    assert len(list(models.glob("teacher-mix0.25-k3-*.parquet"))) == 1
+    assert len([d for d in models.glob("draft-tiny-atspeed_s-mix-seed1-*") if d.is_dir()]) == 2
+
+
+def test_unknown_mix_objectives_are_refused(synth_dir, tmp_path):
+    argv = ["--data", str(synth_dir), "--models-dir", str(tmp_path)]
+    for objectives in (["atspeed_r-mix"], ["wordkd-mix"], ["atspeed_s-literal-mix"]):
+        with pytest.raises(SystemExit):
+            atspeed_objectives.parse_args([*argv, "--objectives", *objectives])
+    with pytest.raises(SystemExit):
+        atspeed_objectives.parse_args([*argv, "--objectives", "seqkd-mix", "--mix-lambda", "2"])

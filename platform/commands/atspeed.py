@@ -6,9 +6,12 @@ Heavy imports (torch, the workloads) happen inside the commands so `genrec --hel
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+if TYPE_CHECKING:
+    from genrec.workloads.training.teacher import TeacherMixture
 
 app = typer.Typer(
     help="AtSpeed speculative decoding: build the target's teacher data for draft training.",
@@ -35,15 +38,31 @@ def teacher_command(
         int | None,
         typer.Option(help="History items per prompt: the draft's --max-items (default: the target's)."),
     ] = None,
+    mix_draft: Annotated[
+        Path | None,
+        typer.Option(
+            help="Draft checkpoint q: store the beam top-K of the mixture (1 - lambda) q + lambda p "
+            "(the paper's D') instead of the target's own; log-probs stay the target's."
+        ),
+    ] = None,
+    mix_lambda: Annotated[
+        float | None,
+        typer.Option(
+            help="The target's weight lambda in [0, 1] in the --mix-draft mixture (default 0.5; the "
+            "paper gives no value)."
+        ),
+    ] = None,
     batch_size: Annotated[int, typer.Option(help="Examples per decode call.")] = 64,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
 ) -> None:
-    """Run the target over every draft training example once; store its top-K SIDs and log-probs."""
+    """Run the target (or its mixture with a draft) over every draft training example once; store
+    the top-K SIDs and their log-probs under the target."""
     from genrec.workloads.evaluation import load_context
     from genrec.workloads.training.teacher import build_teacher_data, load_teacher
 
-    ctx, ds, _ = load_context(target, data, device)
+    mixture = teacher_mixture(mix_draft, mix_lambda, sampling)
+    ctx, ds, _ = load_context(target, data, device, draft_dir=mix_draft)
     path = build_teacher_data(
         ctx,
         ds,
@@ -55,9 +74,33 @@ def teacher_command(
         max_items=max_items,
         target_path=target,
         progress=not quiet,
+        mixture=mixture,
     )
     teacher = load_teacher(path)
+    source = str(target)
+    if mixture is not None:
+        source += f" mixed with draft {mix_draft} (lambda {mixture.mix_lambda})"
     typer.echo(
-        f"teacher data: {len(teacher)} examples x top-{teacher.k} {teacher.kind} SIDs of {target} "
+        f"teacher data: {len(teacher)} examples x top-{teacher.k} {teacher.kind} SIDs of {source} "
         f"on {ds.manifest.name} -> {path}"
     )
+
+
+def teacher_mixture(
+    mix_draft: Path | None, mix_lambda: float | None, sampling: bool
+) -> TeacherMixture | None:
+    """The --mix-draft / --mix-lambda pair as a TeacherMixture (None without a draft), checked before
+    any model is loaded."""
+    from genrec.workloads.errors import UserInputError
+    from genrec.workloads.training.teacher import TeacherMixture
+
+    if mix_draft is None:
+        if mix_lambda is not None:
+            raise UserInputError("--mix-lambda weighs the --mix-draft mixture; pass --mix-draft DIR too")
+        return None
+    if sampling:
+        raise UserInputError(
+            "--mix-draft builds the mixture's beam top-K, --sampling the target's sampling beam "
+            "search; drop one of them"
+        )
+    return TeacherMixture(0.5 if mix_lambda is None else mix_lambda, str(mix_draft))

@@ -58,19 +58,38 @@ def cached_dir(models_dir: str | Path, data: str | Path, name: str, fields: dict
 
 
 def ensure_teacher(
-    target_dir: Path, data: str, out: Path, k: int, sampling: bool, seed: int, device: str
+    target_dir: Path,
+    data: str,
+    out: Path,
+    k: int,
+    sampling: bool,
+    seed: int,
+    device: str,
+    mix_draft: Path | None = None,
+    mix_lambda: float = 0.5,
 ) -> Path:
-    """Build the teacher file once (locked: concurrent trials wait for the first)."""
+    """Build the teacher file once (locked: concurrent trials wait for the first). With `mix_draft`,
+    the beam top-K of its mixture with the target (weight `mix_lambda` on the target; the paper's D');
+    `out` must then name the draft and lambda, since an existing file is reused as it is."""
     from genrec.workloads.evaluation import load_context
-    from genrec.workloads.training.teacher import build_teacher_data
+    from genrec.workloads.training.teacher import TeacherMixture, build_teacher_data
 
+    mixture = TeacherMixture(mix_lambda, str(mix_draft)) if mix_draft is not None else None
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out.parent / f"{out.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not out.exists():
-            ctx, ds, _ = load_context(target_dir, data, device)
+            ctx, ds, _ = load_context(target_dir, data, device, draft_dir=mix_draft)
             build_teacher_data(
-                ctx, ds, k, out, sampling=sampling, seed=seed, target_path=target_dir, progress=False
+                ctx,
+                ds,
+                k,
+                out,
+                sampling=sampling,
+                seed=seed,
+                target_path=target_dir,
+                progress=False,
+                mixture=mixture,
             )
     return out
 

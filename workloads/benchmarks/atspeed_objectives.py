@@ -20,6 +20,15 @@ and validation loss.
 printed (`AlignFlags.dr_mode="literal"`, training/align.py), which the trainer's CLI does not expose.
 Every AtSpeed-S draft's cache key carries the objective's reading (`ATSPEED_S_READING`), so drafts
 trained by the code before the re-check (a different loss under the same TrainConfig) are not reused.
+
+`<objective>-mix` (`atspeed_s-mix`, `seqkd-mix`, or a SeqKD / AtSpeed-S ablation with the suffix)
+trains that objective on the paper's mixture data D' instead of the target's own top-K: the beam
+top-`teacher_k` of (1 - lambda) q + lambda p (`--mix-lambda`, default 0.5; training/teacher.py), with
+q the seed's SFT draft (the `sft` objective's draft, trained first by this driver if not yet cached).
+That is one round of "on-policy" data: q is the SFT draft, never the draft being trained, and the data
+is not rebuilt as that draft changes. The mixture teacher file's name carries lambda and a hash of
+lambda and the target's and the SFT draft's paths (each path a hash of its configuration), so no
+stale file is reused.
 """
 
 from __future__ import annotations
@@ -52,6 +61,22 @@ from genrec.workloads.training.align import ATSPEED_S_READING
 
 MODULE = "genrec.workloads.benchmarks.atspeed_objectives"
 LITERAL = "atspeed_s-literal"
+MIX = "-mix"  # objective suffix: train on the draft/target mixture data D' (module doc)
+MIXABLE = ("seqkd", "atspeed_s")  # the trainer objectives that read the teacher's top-K beam SIDs
+
+
+def base_objective(objective: str) -> str:
+    """The atspeed_arms.OBJECTIVES entry an objective trains (without -mix; the literal ablation is
+    AtSpeed-S with other flags)."""
+    base = objective.removesuffix(MIX)
+    return "atspeed_s" if base == LITERAL else base
+
+
+def known_objective(objective: str) -> bool:
+    if objective.endswith(MIX):
+        base = objective.removesuffix(MIX)
+        return base in OBJECTIVES and OBJECTIVES[base][0] in MIXABLE
+    return objective in OBJECTIVES or objective == LITERAL
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -82,14 +107,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--teacher-k", type=int, default=10)
     p.add_argument("--alpha", type=float, default=0.5)
+    p.add_argument(
+        "--mix-lambda",
+        type=float,
+        default=0.5,
+        help="the target's weight in the -mix objectives' teacher mixture (1 - lambda) q + lambda p",
+    )
     p.add_argument("--users", type=int, default=256)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--device", default="cpu")
     p.add_argument("--out", default=None, help="JSON file for the per-seed rows and the summary")
     args = p.parse_args(argv)
-    unknown = [o for o in args.objectives if o not in OBJECTIVES and o != LITERAL]
+    unknown = [o for o in args.objectives if not known_objective(o)]
     if unknown:
-        p.error(f"unknown objectives {unknown}; choose from {[*OBJECTIVES, LITERAL]}")
+        mixed = [f"{o}{MIX}" for o, (trainer, _) in OBJECTIVES.items() if trainer in MIXABLE]
+        p.error(f"unknown objectives {unknown}; choose from {[*OBJECTIVES, LITERAL, *mixed]}")
+    if not 0.0 <= args.mix_lambda <= 1.0:
+        p.error(f"--mix-lambda must be in [0, 1], got {args.mix_lambda}")
     return args
 
 
@@ -156,22 +190,48 @@ def teacher_path(args: argparse.Namespace, target_dir: Path, sampling: bool, see
     return Path(args.models_dir) / f"teacher-{kind}-k{args.teacher_k}-shared-{tag}{per_seed}.parquet"
 
 
+def mixture_teacher_path(args: argparse.Namespace, target_dir: Path, draft_dir: Path) -> Path:
+    """Where the mixture teacher file of (target, draft q, lambda) is cached."""
+    paths = {"target": str(target_dir.resolve()), "draft": str(draft_dir.resolve())}
+    key = json.dumps({**paths, "lambda": args.mix_lambda}, sort_keys=True)  # the name shows it rounded
+    tag = hashlib.sha256(key.encode()).hexdigest()[:10]
+    return Path(args.models_dir) / f"teacher-mix{args.mix_lambda:g}-k{args.teacher_k}-{tag}.parquet"
+
+
+def sft_draft(args: argparse.Namespace, seed: int, common: dict) -> Path:
+    """The seed's SFT draft, trained (or reused) under the name the `sft` objective gives it."""
+    cfg = train_config("sft", args.draft_size, seed, common)
+    draft_dir = cached_dir(args.models_dir, args.data, f"draft-{args.draft_size}-sft-seed{seed}", asdict(cfg))
+    train_timed(args.data, draft_dir, cfg)
+    return draft_dir
+
+
+def seed_teacher(args: argparse.Namespace, objective: str, target_dir: Path, seed: int, common: dict) -> Path:
+    """The objective's teacher file: the target's beam (or, for AtSpeed-R, sampled) SIDs, or for a
+    -mix objective the beam top-K of the SFT draft's mixture with the target."""
+    if objective.endswith(MIX):
+        q = sft_draft(args, seed, common)
+        out = mixture_teacher_path(args, target_dir, q)
+        return ensure_teacher(
+            target_dir, args.data, out, args.teacher_k, False, seed, args.device, q, args.mix_lambda
+        )
+    sampling = OBJECTIVES[base_objective(objective)][0] == "atspeed_r"
+    out = teacher_path(args, target_dir, sampling, seed)
+    return ensure_teacher(target_dir, args.data, out, args.teacher_k, sampling, seed, args.device)
+
+
 def prepare_seed(args: argparse.Namespace, seed: int) -> tuple[Path, dict[str, dict]]:
     """The seed's target and one draft per objective (trained or reused)."""
     common = {"epochs": args.epochs, "device": args.device, "threads": args.threads}
     target_dir, target_info = seed_target(args, seed, common)
     drafts = {"target": target_info}
     for objective in args.objectives:
-        name = "atspeed_s" if objective == LITERAL else objective
+        name = base_objective(objective)
         extra: dict = {}
         if name != "sft":
             extra = {"target": str(target_dir), "alpha": args.alpha}
         if OBJECTIVES[name][0] in NEEDS_TEACHER:
-            sampling = OBJECTIVES[name][0] == "atspeed_r"
-            out = teacher_path(args, target_dir, sampling, seed)
-            extra["teacher"] = str(
-                ensure_teacher(target_dir, args.data, out, args.teacher_k, sampling, seed, args.device)
-            )
+            extra["teacher"] = str(seed_teacher(args, objective, target_dir, seed, common))
         cfg = train_config(name, args.draft_size, seed, common, **extra)
         fields = asdict(cfg)
         if OBJECTIVES[name][0] == "atspeed_s":

@@ -269,6 +269,7 @@ def prepare_alignment(
         "align_flags": asdict(flags),
         "teacher": str(Path(cfg.teacher).resolve()) if teacher is not None else "",
     }
-    if teacher is not None:
+    if teacher is not None:  # the kind is recorded, never branched on: beam, sample and mixture
+        # files all hold K catalogue SIDs best first under the target, which is all the objectives read
         meta["teacher_k"], meta["teacher_kind"] = teacher.k, teacher.kind
     return objective, meta

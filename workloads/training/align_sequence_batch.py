@@ -93,3 +93,20 @@ def sequence_logits(model: GRTransformer, batch: SequenceBatch, autocast: bool =
         hidden = model.hidden_states(batch.tokens, positions=batch.positions, attn_mask=batch.attn_mask)
         states = hidden.reshape(-1, hidden.shape[-1])[batch.index]  # [B, K, L, D]
         return model.lm_head(states).float()
+
+
+@torch.no_grad()
+def teacher_forced_log_probs(
+    model: GRTransformer,
+    prompts: Sequence[Sequence[int]],
+    codes: Tensor,
+    item_tokens: np.ndarray,
+    codec: SIDCodec,
+    max_items: int,
+) -> Tensor:
+    """[B, K] each SID's sequence log-probability under `model`: the sum over its levels of the
+    full-vocabulary log-softmax at its code's token (what beam search scores), from one packed forward
+    (codes [B, K, L])."""
+    batch = build_sequence_batch(prompts, codes, item_tokens, codec, max_items, model.device)
+    log_probs = torch.log_softmax(sequence_logits(model, batch), dim=-1)
+    return log_probs.gather(-1, batch.sid_tokens[..., None]).squeeze(-1).sum(-1)

@@ -1,9 +1,9 @@
 """AtSpeed teacher data: the target model's top-K SIDs for every draft training example, cached once.
 
 `genrec atspeed teacher` runs the target's beam search (or, with `sampling`, sampling beam search at
-temperature 1) once over the training examples and stores the K SIDs with their sequence
-log-probabilities in one Parquet file, so every draft objective (SeqKD, AtSpeed-S, AtSpeed-R) trains
-from the same cached data.
+temperature 1; or, with a mixture draft, the beam search of the paper's D' below) once over the
+training examples and stores the K SIDs with their sequence log-probabilities in one Parquet file, so
+every draft objective (SeqKD, AtSpeed-S, AtSpeed-R) trains from the same cached data.
 
 Which prompts. Draft training cuts each user's train sequence into next-item windows
 (`inputs.training_windows(sequences, max_items)`, users in ascending id order, exactly as
@@ -18,16 +18,24 @@ with beam width K and k = K; rows keep the decoder's order (best first). For `sa
 of `batch_size` examples is decoded with seed `seed + batch number`, so a file is reproducible for
 the same seed and batch size (recorded in the manifest).
 
+Mixture (kind "mixture", `TeacherMixture`): the paper's D' = {(x, TopK((1 - lambda) M_q(x) +
+lambda M_p(x)))}, the beam search over the per-token mixture of a draft q and the target p
+(decoding/mixture_model.py); lambda = 1 is kind "beam". The logprobs column still holds the target's
+sequence log-probabilities: the chosen SIDs are rescored by the target with teacher forcing, and each
+row is stored in the target's order (best first under p; `best_first` says why). The manifest adds
+`mix_draft` and `mix_lambda`; files of the other kinds have neither and load as before.
+
 File layout: one row per example, in example order,
     example      int64              the example (training window) index, 0..N-1
     user_id      int64
     prompt       list<int64>        the prompt's item ids, oldest first
     target_item  int64              the item the window predicts there (ground truth)
-    codes        list<list<int64>>  [K][L] the target's SIDs, best first
+    codes        list<list<int64>>  [K][L] the teacher SIDs, best first (by target log-probability)
     logprobs     list<float64>      [K] their sequence log-probabilities under the target
-    kind         string             beam | sample
-and the manifest (target path, dataset, k, kind, seed, batch size, max_items, codec) as JSON in the
-Parquet schema metadata under `genrec.teacher`. Written to a temporary sibling, then renamed.
+    kind         string             beam | sample | mixture
+and the manifest (target path, dataset, k, kind, seed, batch size, max_items, codec; for a mixture its
+draft and lambda) as JSON in the Parquet schema metadata under `genrec.teacher`. Written to a
+temporary sibling, then renamed.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,19 +52,23 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+import torch
 from tqdm.auto import tqdm
 
 from genrec.workloads.data.dataset import Dataset
 from genrec.workloads.decoding.base import DecoderContext, get_decoder, make_params
+from genrec.workloads.decoding.mixture_model import check_mix_lambda, mixture_context
 from genrec.workloads.errors import UserInputError
 from genrec.workloads.models.inputs import training_windows
 from genrec.workloads.progress import bar_enabled
 from genrec.workloads.sid_codec import SIDCodec
+from genrec.workloads.training.align_sequence_batch import teacher_forced_log_probs
 
 MANIFEST_KEY = b"genrec.teacher"
 FORMAT = "genrec-atspeed-teacher"
 FORMAT_VERSION = 1
-KINDS = ("beam", "sample")
+KINDS = ("beam", "sample", "mixture")
+MIXTURE_KEYS = ("mix_draft", "mix_lambda")  # manifest keys of kind "mixture" only (v1 files lack them)
 COLUMNS = ("example", "user_id", "prompt", "target_item", "codes", "logprobs", "kind")
 
 
@@ -98,8 +111,26 @@ class TeacherData:
     def kind(self) -> str:
         return str(self.manifest["kind"])
 
+    @property
+    def mix_lambda(self) -> float | None:
+        """The target's weight in the mixture the SIDs came from (kind "mixture"; None otherwise)."""
+        value = self.manifest.get("mix_lambda")
+        return None if value is None else float(value)
+
     def __len__(self) -> int:
         return len(self.prompts)
+
+
+@dataclass(frozen=True)
+class TeacherMixture:
+    """Build the paper's D': decode the token-level mixture (1 - mix_lambda) q + mix_lambda p of the
+    context's draft q (`DecoderContext.draft_model`) and its target p instead of p alone."""
+
+    mix_lambda: float  # the target's weight, in [0, 1]
+    draft_path: str = ""  # the draft checkpoint, recorded (resolved) in the manifest
+
+    def __post_init__(self) -> None:
+        check_mix_lambda(self.mix_lambda)
 
 
 def build_teacher_data(
@@ -113,8 +144,9 @@ def build_teacher_data(
     max_items: int | None = None,
     target_path: str | os.PathLike = "",
     progress: bool = True,
+    mixture: TeacherMixture | None = None,
 ) -> Path:
-    """Decode every training example with the target and write the teacher file (see module doc).
+    """Decode every training example with the target (or the mixture) and write the teacher file.
 
     `max_items` is the draft's prompt window (default: the target's); it may not exceed the
     target's, or the target would see a shorter history than the draft is trained on.
@@ -122,38 +154,44 @@ def build_teacher_data(
     out_path = Path(out_path)
     max_items = target_ctx.max_items if max_items is None else max_items
     check_build_args(target_ctx, dataset, k, out_path, batch_size, max_items)
+    if mixture is not None and sampling:
+        raise UserInputError(
+            "--sampling and --mix-draft build different teacher data (sampling beam search of the "
+            "target, or the beam top-K of the mixture); drop one of them"
+        )
     examples = teacher_examples(dataset, max_items)
     if not examples:
         raise UserInputError(
             f"{dataset.root}: no user has two or more train interactions, so there are no training "
             "examples to build teacher data for"
         )
-    kind = "sample" if sampling else "beam"
-    decoder = get_decoder("beam_sample" if sampling else "beam")
-    base = {"beam_width": k, "k": k, "constraint": "all"}
+    kind = "mixture" if mixture is not None else "sample" if sampling else "beam"
+    ctx = mixture_context(target_ctx, mixture.mix_lambda) if mixture is not None else target_ctx
     codes, logprobs = [], []
-    starts = range(0, len(examples), batch_size)
-    for number, start in enumerate(
-        tqdm(
-            starts,
-            disable=not bar_enabled(progress),
-            desc=f"teacher {kind} K={k}",
-            unit="batch",
-            dynamic_ncols=True,
-        )
-    ):
-        chunk = examples[start : start + batch_size]
-        params = make_params(decoder, {**base, "seed": seed + number} if sampling else base)
-        res = decoder.decode(target_ctx, [ex.prompt for ex in chunk], params)
-        valid = res.valid.cpu().numpy()
-        if not valid.all():
-            row = chunk[int(np.argwhere(~valid.all(axis=1))[0, 0])].index
-            raise UserInputError(
-                f"the target returned fewer than {k} catalogue items for example {row}; lower --k"
-            )
-        codes.append(res.codes.cpu().numpy().astype(np.int64))
-        logprobs.append(res.scores.float().cpu().numpy().astype(np.float64))
-    manifest = {
+    for chunk, top, scores in decode_batches(ctx, examples, k, kind, seed, batch_size, progress):
+        if mixture is not None:  # the logprobs column means "under the target" for every kind
+            top, scores = best_first(top, target_log_probs(target_ctx, chunk, top, max_items))
+        codes.append(top)
+        logprobs.append(scores)
+    manifest = teacher_manifest(dataset, target_path, k, kind, seed, batch_size, max_items, len(examples))
+    if mixture is not None:
+        draft = str(Path(mixture.draft_path).resolve()) if mixture.draft_path else ""
+        manifest.update(mix_draft=draft, mix_lambda=mixture.mix_lambda)
+    table = teacher_table(examples, np.concatenate(codes), np.concatenate(logprobs), kind, manifest)
+    return write_parquet_atomic(table, out_path)
+
+
+def teacher_manifest(
+    dataset: Dataset,
+    target_path: str | os.PathLike,
+    k: int,
+    kind: str,
+    seed: int,
+    batch_size: int,
+    max_items: int,
+    examples: int,
+) -> dict[str, Any]:
+    return {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "target": str(Path(target_path).resolve()) if target_path else "",
@@ -166,10 +204,65 @@ def build_teacher_data(
         "max_items": max_items,
         "constraint": "all",
         "codebook_sizes": list(dataset.codec.codebook_sizes),
-        "examples": len(examples),
+        "examples": examples,
     }
-    table = teacher_table(examples, np.concatenate(codes), np.concatenate(logprobs), kind, manifest)
-    return write_parquet_atomic(table, out_path)
+
+
+def decode_batches(
+    ctx: DecoderContext,
+    examples: list[TeacherExample],
+    k: int,
+    kind: str,
+    seed: int,
+    batch_size: int,
+    progress: bool,
+) -> Iterator[tuple[list[TeacherExample], np.ndarray, np.ndarray]]:
+    """(examples, codes [B, K, L], scores [B, K]) per batch of `ctx`'s constrained top-K at beam K:
+    beam search, or sampling beam search seeded `seed + batch number` for kind "sample"."""
+    sampling = kind == "sample"
+    decoder = get_decoder("beam_sample" if sampling else "beam")
+    base = {"beam_width": k, "k": k, "constraint": "all"}
+    starts = range(0, len(examples), batch_size)
+    bar = tqdm(
+        starts,
+        disable=not bar_enabled(progress),
+        desc=f"teacher {kind} K={k}",
+        unit="batch",
+        dynamic_ncols=True,
+    )
+    for number, start in enumerate(bar):
+        chunk = examples[start : start + batch_size]
+        params = make_params(decoder, {**base, "seed": seed + number} if sampling else base)
+        res = decoder.decode(ctx, [ex.prompt for ex in chunk], params)
+        valid = res.valid.cpu().numpy()
+        if not valid.all():
+            row = chunk[int(np.argwhere(~valid.all(axis=1))[0, 0])].index
+            who = "mixture" if kind == "mixture" else "target"
+            raise UserInputError(
+                f"the {who} returned fewer than {k} catalogue items for example {row}; lower --k"
+            )
+        codes = res.codes.cpu().numpy().astype(np.int64)
+        yield chunk, codes, res.scores.float().cpu().numpy().astype(np.float64)
+
+
+def target_log_probs(
+    ctx: DecoderContext, chunk: list[TeacherExample], codes: np.ndarray, max_items: int
+) -> np.ndarray:
+    """[B, K] the target's teacher-forced sequence log-probabilities of `codes` [B, K, L]."""
+    prompts = [ex.prompt for ex in chunk]
+    sids = torch.as_tensor(codes, device=ctx.device)
+    scores = teacher_forced_log_probs(ctx.model, prompts, sids, ctx.item_tokens, ctx.codec, max_items)
+    return scores.double().cpu().numpy()
+
+
+def best_first(codes: np.ndarray, logprobs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's SIDs sorted by target log-probability, best first (ties keep the search's order).
+
+    Mixture rows are stored in the target's order, not the mixture's, so every file reads alike: the
+    logprobs column descends, the top-1 SID (the trainer's --top1) is the target's favourite of the
+    set, and AtSpeed-S's y_K (the K-th SID) is the set's K-th in p, as the paper's p(y_K) reads."""
+    order = np.argsort(-logprobs, axis=1, kind="stable")
+    return np.take_along_axis(codes, order[..., None], axis=1), np.take_along_axis(logprobs, order, axis=1)
 
 
 def check_build_args(
@@ -257,6 +350,7 @@ def load_teacher(path: str | os.PathLike) -> TeacherData:
             f"{path}: teacher format {manifest.get('format')!r} v{manifest.get('format_version')}, "
             f"expected {FORMAT!r} v{FORMAT_VERSION}; rebuild it"
         )
+    check_kind(path, manifest)
     n, k, levels = table.num_rows, int(manifest["k"]), len(manifest["codebook_sizes"])
     example = table.column("example").to_numpy()
     if not np.array_equal(example, np.arange(n)):
@@ -281,6 +375,17 @@ def load_teacher(path: str | os.PathLike) -> TeacherData:
         codes=inner.flatten().to_numpy().astype(np.int64).reshape(n, k, levels),
         logprobs=lp_col.flatten().to_numpy().astype(np.float64).reshape(n, k),
     )
+
+
+def check_kind(path: Path, manifest: dict[str, Any]) -> None:
+    """A known kind; a mixture file names its draft and lambda (files of the other kinds, older than
+    the mixture, have no such keys and need none)."""
+    kind = manifest.get("kind")
+    if kind not in KINDS:
+        raise UserInputError(f"{path}: teacher kind {kind!r}, expected one of {list(KINDS)}; rebuild it")
+    missing = [key for key in MIXTURE_KEYS if key not in manifest]
+    if kind == "mixture" and missing:
+        raise UserInputError(f"{path}: a mixture teacher file without {missing} in its manifest; rebuild it")
 
 
 def check_teacher_matches(
