@@ -23,6 +23,10 @@ ten per level), since on a CPU a level's cost at small B is the per-op overhead.
 
 `select_next_state` is the state advance after beam selection: the chosen token's next state, found
 among the parent's slots (with sparse candidates, the chosen slot's edge gives it directly).
+
+`csr_level_select` is a whole CSR level of the beam search composed from those pieces (csr_candidates,
+the beam core's flat top-W, the chosen slots' edges): the reference of the one-launch Triton kernel in
+`genrec.kernels.csr_level_select`, with its signature and outputs.
 """
 
 from __future__ import annotations
@@ -120,3 +124,43 @@ def select_next_state(
     toks = child_tokens[parent]  # [R', B]
     hit = toks == token[:, None].to(toks.dtype)
     return torch.where(hit, child_states[parent], 0).amax(dim=1).to(torch.int32)
+
+
+def csr_level_select(
+    log_probs: torch.Tensor,
+    scores: torch.Tensor,
+    states: torch.Tensor,
+    row_ptr: torch.Tensor,
+    edges: torch.Tensor,
+    branch: int,
+    beam_width: int,
+    logits: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One CSR level of constrained beam search: (new scores [B, W], parent [B, W] int64 (index into the
+    user's w beams), code [B, W] int64, next state [B * W] int32).
+
+    The exact top W of scores[b, j] + log_probs[b * w + j, c] over the children c of beam j's state
+    (log_probs = log_softmax(logits) with `logits=True`); slots past a user's valid candidates get
+    score -inf, parent 0, code 0 and the sink state 0. The steps are the sparse path of decoding
+    (csr_candidates, then beam_core.top_flat's padded topk, which kernels may not import, then the
+    chosen slots' edges); tokens are clamped to the vocabulary, which is what `token_limit` does on the
+    levels that need it and a no-op on the others."""
+    if logits:
+        log_probs = torch.log_softmax(log_probs, dim=-1)
+    batch, w = scores.shape
+    slots = torch.arange(branch, dtype=torch.int32, device=states.device)
+    cand, tok, pair = csr_candidates(
+        log_probs, states, row_bounds(row_ptr), packed_edges(edges), slots, log_probs.shape[1]
+    )
+    total = (scores[:, :, None] + cand.view(batch, w, branch)).view(batch, w * branch)
+    n = min(beam_width, w * branch)
+    best, flat = total.topk(n, dim=-1)
+    if n < beam_width:
+        best = torch.cat([best, best.new_full((batch, beam_width - n), float("-inf"))], dim=1)
+        flat = torch.cat([flat, flat.new_zeros(batch, beam_width - n)], dim=1)
+    found = torch.isfinite(best)
+    pick = (flat + torch.arange(batch, device=flat.device)[:, None] * (w * branch)).view(-1)
+    code = tok.reshape(-1).index_select(0, pick).view(batch, -1).long()
+    nxt = pair[..., 1].reshape(-1).index_select(0, pick)
+    parent = torch.where(found, flat // branch, 0)
+    return best, parent, torch.where(found, code, 0), torch.where(found.view(-1), nxt, 0)

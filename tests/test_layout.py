@@ -69,7 +69,13 @@ GPU_MACHINE_HAS = frozenset({"torch", "triton", "numpy", "pandas", "pyarrow", "s
 OPTIONAL_PEERS = frozenset({"transformers", "genrec_old"})
 GPU_ONLY_AREAS = ("workloads", "kernels")
 # The Triton kernel modules; every other kernels module (the torch references) must import without triton.
-TRITON_KERNELS = frozenset({"kernels/constrained_mask.py", "kernels/shared_prefix_attention_triton.py"})
+TRITON_KERNELS = frozenset(
+    {
+        "kernels/constrained_mask.py",
+        "kernels/csr_level_select.py",
+        "kernels/shared_prefix_attention_triton.py",
+    }
+)
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,10 @@ of each backend's final SIDs (fraction inside the set; the hash bitmap can fall 
 `--select early` runs every arm (unconstrained included) with xBeam's early-terminating exact top-W,
 the selection of the `xgr` decoder, which ranks STATIC's sparse candidates too.
 
+`--level-select` adds `level_select_us` per size: each CSR level's whole step (candidates, top-W,
+next states) as one Triton launch against the torch sparse path, and both as captured CUDA graphs
+(static_level_select; needs triton and CUDA, or TRITON_INTERPRET=1 on CPU at tiny sizes).
+
 With --interleave-sizes every size's index is built first and all (size, arm) pairs alternate repeat
 by repeat, so each arm's `step_vs_smallest_size` (flatness in |C|) is a same-process ratio too.
 
@@ -64,6 +68,11 @@ from genrec.workloads.benchmarks.static_decode import (  # noqa: F401
     make_logits,
     per_level_median_ms,
     synthetic_decode,
+)
+from genrec.workloads.benchmarks.static_level_select import (
+    level_select_table,
+    level_select_timing,
+    level_select_unavailable,
 )
 from genrec.workloads.constraints.backend import MaskBackend
 from genrec.workloads.constraints.baselines import BASELINES
@@ -256,6 +265,10 @@ def size_result(sa: SizeArms, runs: dict, args: argparse.Namespace, dev: torch.d
         }
     if tm is not None and {"static_torch", "static_triton"} <= set(sa.backends):
         extra["vntk_kernel_us"] = kernel_timing(tm, args.batch * args.beam, args, dev)
+    if args.level_select:
+        if tm is None:  # no STATIC arm: the index of the auto paths, for its CSR levels only
+            tm = build_transition_matrix(sa.cset, args.dense_levels, args.sparse_fraction).to(dev)
+        extra["level_select_us"] = level_select_timing(tm, args, dev)
     if args.live_updates:
         extra["live_updates"] = live_update_timing(
             sa.cset, args.dense_levels, args.live_updates, dev, args.seed
@@ -407,8 +420,15 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="build every size first and alternate all (size, arm) pairs per repeat (flatness in |C|)",
     )
+    p.add_argument(
+        "--level-select",
+        action="store_true",
+        help="also time each CSR level's one-launch Triton step against the torch sparse path",
+    )
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
+    if args.level_select and (why := level_select_unavailable(args.device)):
+        p.error(why)
     if args.backends is None:
         args.backends = [b for b in ALL_BACKENDS if b != "static_triton" or args.device.startswith("cuda")]
     if "unconstrained" not in args.backends:
@@ -416,6 +436,8 @@ def main(argv: list[str] | None = None) -> int:
     result = run(args)
     print(summary_table(result["results"]))
     print(level_table(result["results"]))
+    if args.level_select:
+        print(level_select_table(result["results"]))
     if args.out:
         atomic_write_text(args.out, json.dumps(result, indent=2) + "\n")
     return 0
