@@ -178,3 +178,51 @@ def test_the_harness_serves_a_tiny_model_with_two_replica_processes(tiny_model_d
         assert point["replicas"] == 2 and point["sent"] > 0 and point["answered"] == point["sent"], point
         assert point["p99_ms"] < 500
     assert no_children_left()
+
+
+KILLED_HARNESS = """
+import sys, time
+sys.path.insert(0, {tests!r})
+from test_serve_replicas import SETUP, fake_requests, sleeping_decoders
+from genrec.workloads.serving.harness import Arm, LoadSpec, Options, ReplicaPool
+
+pool = ReplicaPool(SETUP, 2, sleeping_decoders)
+print(*[p.pid for p in pool.procs], flush=True)
+opts = Options(beam_width=4, k=2, duration_s=60.0, warmup_s=0.1)
+pool.run(Arm("fake", "fixed", replicas=2), opts, None, fake_requests(10.0, 60.0), LoadSpec(10.0, 60.0))
+"""
+
+
+@pytest.mark.parametrize("signal_name", ["SIGKILL", "SIGTERM"])
+def test_a_harness_killed_mid_test_leaves_no_replica_behind(signal_name):
+    """The parent dies while its replicas serve a 60 s load test; the kernel's parent-death signal
+    stops them (SIGKILL: no cleanup code of the parent runs at all)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = KILLED_HARNESS.format(tests=str(Path(__file__).parent))
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        assert len(pids) == 2
+        time.sleep(1.0)  # the load test is running
+        proc.send_signal(getattr(signal, signal_name))
+        proc.wait(timeout=10)
+    finally:
+        proc.kill()
+    deadline = time.monotonic() + 10
+    alive = pids
+    while alive and time.monotonic() < deadline:
+        alive = [p for p in pids if Path(f"/proc/{p}").exists() and "Z" not in _state(p)]
+        time.sleep(0.1)
+    assert not alive, f"replica processes {alive} outlived the harness ({os.uname().sysname})"
+
+
+def _state(pid: int) -> str:
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"

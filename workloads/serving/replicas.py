@@ -17,12 +17,17 @@ every process; the parent merges the records (original request order, each tagge
 and summarises them like any load test. The parent only waits while the replicas run.
 
 Workers are daemon processes, stopped by `close()` (the pool is a context manager) and killed if they
-do not stop within a few seconds, so an interrupted harness leaves no process behind.
+do not stop within a few seconds, so an interrupted harness leaves no process behind; on Linux each
+also asks the kernel for SIGTERM when its parent dies, which covers a harness killed outright.
 """
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing as mp
+import os
+import signal
+import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -33,6 +38,7 @@ from genrec.workloads.serving.open_loop import LoadSpec, Record, ServeBatch, run
 
 START_LEAD_S = 0.25  # the shared start lies this far ahead, so every replica has received its share
 STOP_TIMEOUT_S = 5.0
+PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h)
 
 
 @dataclass(frozen=True)
@@ -99,17 +105,31 @@ def serve_job(fns: dict[str, ServeBatch], job: ReplicaJob) -> list[Record]:
     )
 
 
-def replica_main(conn, setup: ReplicaSetup, factory: DecoderFactory) -> None:
+def die_with_parent(parent_pid: int) -> None:
+    """Have the kernel send this process SIGTERM when its parent dies (Linux), so a harness killed
+    mid-test (SIGKILL included) leaves no replica serving on; if the parent is already gone, exit."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent_pid:
+        os._exit(0)
+
+
+def replica_main(conn, setup: ReplicaSetup, factory: DecoderFactory, parent_pid: int) -> None:
     """A worker process: load once, answer "ready", then serve jobs until told to stop (None)."""
+    die_with_parent(parent_pid)
     try:
         fns = factory(setup)
         conn.send(("ready", None))
         while (job := conn.recv()) is not None:
             conn.send(("done", serve_job(fns, job)))
-    except (EOFError, KeyboardInterrupt):  # the parent went away or was interrupted: just stop
+    except (EOFError, BrokenPipeError, KeyboardInterrupt):  # the parent went away or was interrupted
         pass
     except BaseException as e:  # noqa: BLE001 - the parent re-raises it with the replica's traceback
-        conn.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+        try:
+            conn.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+        except (BrokenPipeError, OSError):
+            pass
     finally:
         conn.close()
 
@@ -130,7 +150,10 @@ class ReplicaPool:
             for r in range(size):
                 parent, child = ctx.Pipe()
                 proc = ctx.Process(
-                    target=replica_main, args=(child, setup, factory), name=f"replica-{r}", daemon=True
+                    target=replica_main,
+                    args=(child, setup, factory, os.getpid()),
+                    name=f"replica-{r}",
+                    daemon=True,
                 )
                 proc.start()
                 child.close()
