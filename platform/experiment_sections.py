@@ -158,6 +158,10 @@ class TrackingSpec(StrictModel):
 class RaySpec(StrictModel):
     address: str | None = None  # None: RAY_ADDRESS if set, else a local instance
     num_cpus: int | None = None  # local instance only; None: every core
+    # local instance only. Ray runs its workers, and so every trial, at nice 15 by default: any
+    # ordinary process on the machine then takes the CPU first, which skews timing trials (a serving
+    # trial lost 8x of its rate to three nice-19 training jobs). 0 runs trials at the driver's priority.
+    worker_niceness: int = Field(default=0, ge=0, le=19)
 
 
 def expand_range(r: RangeSpec) -> list[float | int]:

@@ -260,8 +260,50 @@ def test_starting_ray_is_announced(monkeypatch, capsys, tmp_path):
     assert sweep.init_ray(cfg, "local", progress=True)
     assert capsys.readouterr().out == "starting Ray (local, 2 CPUs)...\n"
     assert calls[0]["num_cpus"] == 2
+    assert calls[0]["_system_config"] == {"worker_niceness": 0}  # trials at the driver's priority
     sweep.init_ray(cfg, "local", progress=False)
     assert capsys.readouterr().out == ""
+
+
+TRIAL_NICENESS = """
+import os, sys
+import ray
+from genrec.platform import sweep
+from genrec.platform.experiment import load_experiment
+
+cfg = load_experiment(sys.argv[1])
+sweep.init_ray(cfg, "local")
+print("niceness", ray.get(ray.remote(lambda: os.nice(0)).remote()))
+ray.shutdown()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("niceness", [None, 7])
+def test_a_local_sweeps_ray_workers_run_at_the_configured_niceness(tmp_path, niceness):
+    """Ray's own default is 15 for every worker (so every trial); a sweep's local Ray uses 0 unless the
+    experiment says otherwise. A real Ray start, in its own process (the test session may hold one)."""
+    path = benchmark_experiment(tmp_path, "nice", cpu=1, num_cpus=1)
+    if niceness is not None:
+        raw = yaml.safe_load(path.read_text())
+        raw["ray"]["worker_niceness"] = niceness
+        path.write_text(yaml.safe_dump(raw))
+    run = subprocess.run(
+        [sys.executable, "-c", TRIAL_NICENESS, str(path)], capture_output=True, text=True, timeout=180
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert f"niceness {niceness or 0}" in run.stdout
+
+
+def test_worker_niceness_outside_0_to_19_is_refused(tmp_path):
+    from genrec.platform.experiment import load_experiment
+
+    path = benchmark_experiment(tmp_path, "nice", cpu=1, num_cpus=1)
+    raw = yaml.safe_load(path.read_text())
+    raw["ray"]["worker_niceness"] = -5
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(UserInputError, match="worker_niceness"):
+        load_experiment(path)
 
 
 # ---- hints carry the non-default results dir -------------------------------------------------------

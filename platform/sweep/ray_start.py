@@ -102,5 +102,6 @@ def init_ray(cfg: ExperimentConfig, address: str, progress: bool = False) -> boo
         # trial output stays in Ray's logs (a failed trial's traceback is in its error.txt); the
         # driver prints one line per trial instead of workers' shutdown noise
         kwargs["log_to_driver"] = False
+        kwargs["_system_config"] = {"worker_niceness": cfg.ray.worker_niceness}  # see RaySpec
     ray.init(address=address, **kwargs)
     return True
