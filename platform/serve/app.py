@@ -187,6 +187,7 @@ class Recommender:
             "body_timeout_s": self.cfg.body_timeout_s,
             "decode_in_thread": self.cfg.decode_in_thread,
             "pid": os.getpid(),
+            "niceness": os.nice(0),  # Ray's default for workers is 15; `genrec serve` starts them at 0
             "ingress": active_ingress(),
             "handler_loop": active_handler_loop(),
             "started_at": self.started_at,

@@ -136,6 +136,9 @@ def start_server(
         kwargs: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.WARNING}
         if address == "local":
             kwargs["num_cpus"] = num_cpus
+            # replicas at ordinary priority: Ray runs workers at nice 15 by default, so a load
+            # generator (or anything else) on the same machine would take the CPU from the replicas
+            kwargs["_system_config"] = {"worker_niceness": 0}
         # a local Ray's processes inherit this environment; a cluster keeps the one it started with
         env = (
             ingress_environment(

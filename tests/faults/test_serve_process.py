@@ -79,6 +79,11 @@ def healthy(app: App) -> bool:
         return False
 
 
+def health_of(app: App) -> dict:
+    with urllib.request.urlopen(f"{app.url}/health", timeout=3) as r:
+        return json.loads(r.read())
+
+
 def recommend(app: App) -> int:
     req = urllib.request.Request(
         f"{app.url}/recommend",
@@ -122,6 +127,7 @@ def test_two_apps_serve_side_by_side_and_sigterm_or_sigint_leaves_nothing(
         for app in apps:
             assert wait_until(lambda app=app: healthy(app), START_S, poll_s=1.0), app.log.read_text()[-3000:]
             assert recommend(app) == 200
+            assert health_of(app)["niceness"] == 0  # replicas at ordinary priority, not Ray's 15
         if haproxy_available():
             runtimes = [app.runtime() for app in apps]
             assert all(runtimes) and runtimes[0] != runtimes[1]
