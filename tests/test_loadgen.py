@@ -412,3 +412,22 @@ def test_cli_bad_dataset_and_options_exit_2(stub, tmp_path, capsys):
 def test_config_replace_keeps_validation():
     with pytest.raises(UserInputError, match="--mode"):
         replace(LoadConfig(), mode="sideways").validate()
+
+
+def test_rows_name_the_apps_batching_policy():
+    from genrec.platform.loadgen.rows import decoder_params
+
+    cfg = LoadConfig(url="http://127.0.0.1:1", rate=40, duration_s=1.0, beam_width=32, k=10)
+    base = {"max_batch_size": 8, "batch_wait_timeout_s": 0.005, "replicas": 1}
+    slo = {**base, "batching": {"policy": "slo", "token_budget": 22044, "wait_quota_ms": 10.0, "slo_ms": 200}}
+    fixed = {**base, "batching": {"policy": "fixed", "max_batch_size": 8, "token_budget": 22044}}
+    assert decoder_params(cfg, slo)["batching_policy"] == "slo"
+    assert (
+        decoder_params(cfg, slo)["token_budget"] == 22044
+        and decoder_params(cfg, slo)["wait_quota_ms"] == 10.0
+    )
+    assert decoder_params(cfg, fixed)["batching_policy"] == "fixed" and "token_budget" not in decoder_params(
+        cfg, fixed
+    )
+    assert "batching_policy" not in decoder_params(cfg, base)  # an older app's /health: nothing invented
+    assert decoder_params(cfg, slo) != decoder_params(cfg, fixed)

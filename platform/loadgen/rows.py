@@ -95,7 +95,20 @@ def decoder_params(cfg: LoadConfig, health: dict) -> dict:
     for key in ("ingress", "handler_loop"):  # Serve's per-request cost differs between them
         if isinstance(health.get(key), str):
             params[key] = health[key]
-    return params
+    return {**params, **batching_params(health.get("batching"))}
+
+
+def batching_params(batching: object) -> dict:
+    """The app's batching policy (fixed | slo) and, for slo, its token budget and wait quota: without
+    them the rows of an slo app and a fixed one with the same max_batch_size look alike."""
+    if not isinstance(batching, dict) or not isinstance(batching.get("policy"), str):
+        return {}
+    out: dict = {"batching_policy": batching["policy"]}
+    if batching["policy"] == "slo":
+        for key in ("token_budget", "wait_quota_ms"):
+            if isinstance(batching.get(key), int | float) and not isinstance(batching.get(key), bool):
+                out[key] = batching[key]
+    return out
 
 
 def _summary_columns(summary: LoadSummary) -> dict:
