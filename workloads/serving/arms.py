@@ -34,7 +34,7 @@ from genrec.workloads.serving.open_loop import (
     summarize,
 )
 from genrec.workloads.serving.rate_search import Search, aggregate, interleaved_search
-from genrec.workloads.serving.replicas import ReplicaPool, ReplicaSetup
+from genrec.workloads.serving.replicas import DecoderFactory, ReplicaPool, ReplicaSetup, load_decoders
 from genrec.workloads.serving.slo import DEFAULT_MAX_UNANSWERED, DEFAULT_SLO_MS
 from genrec.workloads.serving.xschedule import (
     POLICIES,
@@ -238,6 +238,14 @@ def decode_batch_fn(ctx, decoder: str, beam_width: int, k: int) -> ServeBatch:
     return serve_batch
 
 
+def warm_up(fns, pool: Sequence[tuple[Any, int]]) -> None:
+    """One batch of 1, 4 and 16 requests per decoder: the allocator, HF's copies and the buffer pools
+    of a few batch shapes are ready before anything is timed (here and in every replica process)."""
+    for fn in fns:
+        for n in (1, 4, 16):
+            fn([pool[i % len(pool)][0] for i in range(n)])
+
+
 def run_arms(
     ctx,
     histories,
@@ -259,9 +267,7 @@ def run_arms(
     pool = request_pool(ctx, histories, opts.beam_width)
     slo_decoders = {a.decoder for a in arms if a.policy == "slo" and not a.token_budget}
     cals = {d: calibrate(fns[d], pool, opts.slo_ms / 1e3) for d in fns if d in slo_decoders}
-    for fn in fns.values():  # allocator, HF copy, buffer pools of a few batch shapes
-        for n in (1, 4, 16):
-            fn([pool[i % len(pool)][0] for i in range(n)])
+    warm_up(fns.values(), pool)
     by_label = {a.label: a for a in arms}
 
     def measure(label: str, rate: float) -> dict:
@@ -287,10 +293,10 @@ def run_arms(
     }
 
 
-def open_replicas(arms: Sequence[Arm], setup: ReplicaSetup, factory=None):
+def open_replicas(arms: Sequence[Arm], setup: ReplicaSetup, factory: DecoderFactory = load_decoders):
     """A context manager giving the ReplicaPool the arms need (as many processes as the largest arm's
     replica count), or None when every arm has one replica and runs in this process."""
     size = max((a.replicas for a in arms), default=1)
     if size == 1:
         return contextlib.nullcontext(None)
-    return ReplicaPool(setup, size, factory) if factory else ReplicaPool(setup, size)
+    return ReplicaPool(setup, size, factory)

@@ -63,16 +63,16 @@ def load_decoders(setup: ReplicaSetup) -> dict[str, ServeBatch]:
     import torch
 
     from genrec.workloads.evaluation import load_context
-    from genrec.workloads.serving.arms import decode_batch_fn, request_pool
+    from genrec.workloads.serving.arms import decode_batch_fn, request_pool, warm_up
 
     if setup.threads:
         torch.set_num_threads(setup.threads)
     ctx, ds, _ = load_context(setup.model, setup.data, setup.device)
     fns = {d: decode_batch_fn(ctx, d, setup.beam_width, setup.k) for d in setup.decoders}
-    pool = request_pool(ctx, [ex.history for ex in ds.eval_examples("test")][:16], setup.beam_width)
-    for fn in fns.values():
-        for n in (1, 4, 16):
-            fn([pool[i % len(pool)][0] for i in range(n)])
+    warm_up(
+        fns.values(),
+        request_pool(ctx, [ex.history for ex in ds.eval_examples("test")][:16], setup.beam_width),
+    )
     return fns
 
 
@@ -182,7 +182,7 @@ class ReplicaPool:
     ) -> list[Record]:
         """One load test over `arm.replicas` of the pool's processes; one Record per request, in
         request order, each with the replica that served it."""
-        n = getattr(arm, "replicas", 1)
+        n = arm.replicas
         if not 1 <= n <= self.size:
             raise ValueError(f"{arm.label}: {n} replicas, but the pool has {self.size}")
         shares = route_round_robin(len(requests), n)
