@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from genrec.workloads.benchmarks.cuda_graph import capture_cuda_graph
 from genrec.workloads.benchmarks.mari_matmul import _ratio_stats, _setup, interleaved_times
 from genrec.workloads.io import atomic_write_text
 from genrec.workloads.ranking.flops import counted_flops
@@ -115,21 +116,6 @@ def model_point(
         "cuda_graph": bool(cuda_graph and dev.type == "cuda"),
         "max_abs_diff_graph_vs_eager": graph_diff,
     }
-
-
-def capture_cuda_graph(fn, dev: torch.device) -> tuple:
-    """(replay, static output) of fn captured as a CUDA graph on fixed inputs (warm-up on a side stream
-    first, as capture requires)."""
-    side = torch.cuda.Stream(dev)
-    side.wait_stream(torch.cuda.current_stream(dev))
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream(dev).wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn()
-    return graph.replay, out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,6 +26,9 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from genrec.workloads.benchmarks.cuda_graph import capture_cuda_graph
+from genrec.workloads.benchmarks.static_decode import _sync
+
 INNER = 10  # calls per timed repeat
 
 
@@ -41,25 +44,6 @@ def level_select_unavailable(device: str) -> str | None:
             "it on CPU under the interpreter (slow: tiny sizes only)"
         )
     return None
-
-
-def cuda_graph(fn: Callable[[], object]) -> Callable[[], None]:
-    """fn captured once in a CUDA graph (after warm-up calls on a side stream); returns its replay."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
-
-
-def _sync(dev: torch.device) -> None:
-    if dev.type == "cuda":
-        torch.cuda.synchronize()
 
 
 def time_calls(calls: dict[str, Callable[[], object]], repeats: int, warmup: int, dev: torch.device) -> dict:
@@ -78,11 +62,16 @@ def time_calls(calls: dict[str, Callable[[], object]], repeats: int, warmup: int
     return {f"{name}_us_median": float(np.median(t)) for name, t in times.items()}
 
 
-def level_inputs(tm, level: int, batch: int, w: int, gen: torch.Generator, dev: torch.device):
-    """(logits, log-probs, beam scores, states) of one level: random states of the level."""
+def random_level_states(tm, level: int, rows: int, gen: torch.Generator) -> torch.Tensor:
+    """`rows` random CSR states of one sparse level (int32, on the CPU)."""
     bases = [*tm.level_base, tm.num_states]
     i = level - tm.dense_levels
-    states = torch.randint(bases[i], bases[i + 1], (batch * w,), generator=gen, dtype=torch.int32)
+    return torch.randint(bases[i], bases[i + 1], (rows,), generator=gen, dtype=torch.int32)
+
+
+def level_inputs(tm, level: int, batch: int, w: int, gen: torch.Generator, dev: torch.device):
+    """(logits, log-probs, beam scores, states) of one level: random states of the level."""
+    states = random_level_states(tm, level, batch * w, gen)
     logits = torch.randn(batch * w, tm.codebook_sizes[level], generator=gen) * 3
     scores = torch.randn(batch, w, generator=gen).sort(dim=1, descending=True).values
     return logits.to(dev), torch.log_softmax(logits, -1).to(dev), scores.to(dev), states.to(dev)
@@ -106,7 +95,9 @@ def level_select_timing(tm, args: argparse.Namespace, dev: torch.device) -> list
             "triton_lse": lambda fixed=fixed, x=logits: csr_level_select_triton(x, *fixed, logits=True),
         }
         if dev.type == "cuda":
-            calls.update({f"{name}_graph": cuda_graph(fn) for name, fn in list(calls.items())})
+            calls.update(
+                {f"{name}_graph": capture_cuda_graph(fn, dev)[0] for name, fn in list(calls.items())}
+            )
         ref, got = calls["torch"](), calls["triton"]()
         row = {"level": level, "branch": branch, "rows": args.batch * w, "candidates_per_user": w * branch}
         row["exact"] = bool(torch.equal(ref[0].sort(dim=1).values, got[0].sort(dim=1).values))

@@ -73,6 +73,7 @@ from genrec.workloads.benchmarks.static_level_select import (
     level_select_table,
     level_select_timing,
     level_select_unavailable,
+    random_level_states,
 )
 from genrec.workloads.constraints.backend import MaskBackend
 from genrec.workloads.constraints.baselines import BASELINES
@@ -102,9 +103,8 @@ def kernel_timing(tm, rows: int, args: argparse.Namespace, dev: torch.device) ->
 
     gen = torch.Generator(device="cpu").manual_seed(args.seed)
     out = []
-    bases = [*tm.level_base, tm.num_states]
-    for i, level in enumerate(range(tm.dense_levels, tm.levels)):
-        states = torch.randint(bases[i], bases[i + 1], (rows,), generator=gen, dtype=torch.int32).to(dev)
+    for level in range(tm.dense_levels, tm.levels):
+        states = random_level_states(tm, level, rows, gen).to(dev)
         vocab = tm.codebook_sizes[level]
         lp = torch.log_softmax(torch.randn(rows, vocab, generator=gen), -1).to(dev)
         branch = tm.max_branch[level]
