@@ -92,15 +92,12 @@ def teacher_mixture(
     """The --mix-draft / --mix-lambda pair as a TeacherMixture (None without a draft), checked before
     any model is loaded."""
     from genrec.workloads.errors import UserInputError
-    from genrec.workloads.training.teacher import TeacherMixture
+    from genrec.workloads.training.teacher import TeacherMixture, check_mixture_kind
 
     if mix_draft is None:
         if mix_lambda is not None:
             raise UserInputError("--mix-lambda weighs the --mix-draft mixture; pass --mix-draft DIR too")
         return None
-    if sampling:
-        raise UserInputError(
-            "--mix-draft builds the mixture's beam top-K, --sampling the target's sampling beam "
-            "search; drop one of them"
-        )
-    return TeacherMixture(0.5 if mix_lambda is None else mix_lambda, str(mix_draft))
+    mixture = TeacherMixture(0.5 if mix_lambda is None else mix_lambda, str(mix_draft))
+    check_mixture_kind(mixture, sampling)
+    return mixture

@@ -55,6 +55,7 @@ from genrec.workloads.benchmarks.atspeed_arms import (
     train_config,
 )
 from genrec.workloads.benchmarks.nezha_arms import ensure_trained
+from genrec.workloads.decoding.mixture_model import check_mix_lambda
 from genrec.workloads.errors import UserInputError
 from genrec.workloads.metrics import paired_permutation_test, paired_t_test_less
 from genrec.workloads.training.align import ATSPEED_S_READING
@@ -122,8 +123,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if unknown:
         mixed = [f"{o}{MIX}" for o, (trainer, _) in OBJECTIVES.items() if trainer in MIXABLE]
         p.error(f"unknown objectives {unknown}; choose from {[*OBJECTIVES, LITERAL, *mixed]}")
-    if not 0.0 <= args.mix_lambda <= 1.0:
-        p.error(f"--mix-lambda must be in [0, 1], got {args.mix_lambda}")
+    try:
+        check_mix_lambda(args.mix_lambda)
+    except UserInputError as e:
+        p.error(str(e))
     return args
 
 

@@ -133,6 +133,15 @@ class TeacherMixture:
         check_mix_lambda(self.mix_lambda)
 
 
+def check_mixture_kind(mixture: TeacherMixture | None, sampling: bool) -> None:
+    """A teacher file is one kind: the target's sampling beam search or the mixture's beam top-K."""
+    if mixture is not None and sampling:
+        raise UserInputError(
+            "--sampling and --mix-draft build different teacher data (sampling beam search of the "
+            "target, or the beam top-K of the mixture); drop one of them"
+        )
+
+
 def build_teacher_data(
     target_ctx: DecoderContext,
     dataset: Dataset,
@@ -154,11 +163,7 @@ def build_teacher_data(
     out_path = Path(out_path)
     max_items = target_ctx.max_items if max_items is None else max_items
     check_build_args(target_ctx, dataset, k, out_path, batch_size, max_items)
-    if mixture is not None and sampling:
-        raise UserInputError(
-            "--sampling and --mix-draft build different teacher data (sampling beam search of the "
-            "target, or the beam top-K of the mixture); drop one of them"
-        )
+    check_mixture_kind(mixture, sampling)
     examples = teacher_examples(dataset, max_items)
     if not examples:
         raise UserInputError(
