@@ -75,28 +75,33 @@ def report_command(
     ] = False,
 ) -> None:
     """Build standalone HTML reports: one experiment's page, or every experiment's and an index."""
-    budgets_ms = parse_budgets(budgets)
-    if experiment is None:
-        build_all_reports(results_dir, out, title, metric, latency, budgets_ms, embed_plotlyjs)
-        return
-    build_one_report(results_dir, experiment, out, title, metric, latency, budgets_ms, embed_plotlyjs)
-
-
-def build_all_reports(
-    results_dir: Path,
-    out: Path | None,
-    title: str | None,
-    metric: str | None,
-    latency: str,
-    budgets_ms: list[float] | None,
-    embed_plotlyjs: bool,
-) -> None:
-    """Every experiment's page and the index linking them; exit 1 when a page failed to build."""
-    from genrec.dashboards.index import build_index
     from genrec.dashboards.page import ReportOptions
 
+    budgets_ms = parse_budgets(budgets)
     options = ReportOptions(metric, latency, tuple(budgets_ms) if budgets_ms else None)
-    result = build_index(results_dir, out, title, options, embed_plotlyjs=embed_plotlyjs)
+    if experiment is None:
+        from genrec.dashboards.index import build_index
+
+        print_index(build_index(results_dir, out, title, options, embed_plotlyjs=embed_plotlyjs))
+        return
+    from genrec.dashboards.report import build_report
+
+    path = build_report(
+        results_dir,
+        experiment,
+        out,
+        title,
+        metric=options.metric,
+        latency=options.latency,
+        budgets_ms=options.budgets_ms,
+        embed_plotlyjs=embed_plotlyjs,
+    ).resolve()
+    typer.echo(f"report -> {path}")
+    typer.echo(path.as_uri())
+
+
+def print_index(result) -> None:
+    """Each experiment's page (or why it was not built) and the index; exit 1 when a page failed."""
     for entry in result.entries:
         where = entry.page.resolve() if entry.page else f"not built: {entry.error}"
         typer.echo(f"  {entry.experiment} ({entry.kind}, {entry.rows} rows) -> {where}")
@@ -106,34 +111,6 @@ def build_all_reports(
     if result.failures:
         typer.echo(f"{len(result.failures)} experiment page(s) failed to build (see above)", err=True)
         raise typer.Exit(1)
-
-
-def build_one_report(
-    results_dir: Path,
-    experiment: str,
-    out: Path | None,
-    title: str | None,
-    metric: str | None,
-    latency: str,
-    budgets_ms: list[float] | None,
-    embed_plotlyjs: bool,
-) -> None:
-    """One experiment's page."""
-    from genrec.dashboards.report import build_report
-
-    path = build_report(
-        results_dir,
-        experiment,
-        out,
-        title,
-        metric=metric,
-        latency=latency,
-        budgets_ms=budgets_ms,
-        embed_plotlyjs=embed_plotlyjs,
-    )
-    path = path.resolve()
-    typer.echo(f"report -> {path}")
-    typer.echo(path.as_uri())
 
 
 def register(app: typer.Typer) -> None:
