@@ -80,3 +80,38 @@ def test_unknown_mix_objectives_are_refused(synth_dir, tmp_path):
             atspeed_objectives.parse_args([*argv, "--objectives", *objectives])
     with pytest.raises(SystemExit):
         atspeed_objectives.parse_args([*argv, "--objectives", "seqkd-mix", "--mix-lambda", "2"])
+
+
+def test_recipe_flags_reach_every_trained_model_and_its_cache_key(synth_dir, tiny_model_dir, tmp_path):
+    """--lr / --batch-size / --warmup-steps / --weight-decay / --patience go into the drafts'
+    TrainConfig (and so into config.json and the cached folder's name); left out, the config is
+    TrainConfig's default, so drafts cached before the flags existed are reused."""
+    models = tmp_path / "models"
+    base = [
+        "--data", str(synth_dir), "--models-dir", str(models), "--target", str(tiny_model_dir),
+        "--objectives", "sft", "--seeds", "1", "--epochs", "1", "--draft-size", "tiny",
+        "--k", "3", "--draft-beams", "3", "--gamma", "2", "--users", "2",
+    ]  # fmt: skip
+    assert atspeed_objectives.recipe_overrides(atspeed_objectives.parse_args(base)) == {}
+    recipe = [
+        "--lr",
+        "0.001",
+        "--batch-size",
+        "64",
+        "--warmup-steps",
+        "7",
+        "--weight-decay",
+        "0.1",
+        "--patience",
+        "2",
+    ]
+    plain = atspeed_objectives.main(base)["training"][1]["sft"]["dir"]
+    tuned = atspeed_objectives.main([*base, *recipe])["training"][1]["sft"]["dir"]
+    assert plain != tuned
+    train = json.loads((Path(tuned) / "config.json").read_text())["train"]
+    assert (train["lr"], train["batch_size"], train["warmup_steps"]) == (0.001, 64, 7)
+    assert (train["weight_decay"], train["patience"]) == (0.1, 2)
+    default = json.loads((Path(plain) / "config.json").read_text())["train"]
+    assert (default["lr"], default["weight_decay"]) == (3e-3, 0.05)
+    with pytest.raises(UserInputError, match="weight_decay must be >= 0"):
+        atspeed_objectives.main([*base, "--weight-decay", "-1"])

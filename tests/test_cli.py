@@ -71,6 +71,7 @@ def test_version_prints_the_installed_distributions_version(capsys):
         (["train", "--threads", "-1"], "--threads -1", ">= 0"),
         (["train", "--max-steps", "-1"], "--max-steps -1", ">= 0"),
         (["train", "--warmup-steps", "-1"], "--warmup-steps -1", ">= 0"),
+        (["train", "--weight-decay", "-0.1"], "--weight-decay -0.1", ">= 0"),
         (["serve", "--port", "0"], "--port 0", "in 1..65535"),
         (["serve", "--replicas", "0"], "--replicas 0", ">= 1"),
         (["serve", "--num-cpus", "0"], "--num-cpus 0", ">= 1"),

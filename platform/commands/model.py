@@ -21,6 +21,12 @@ def train_command(
     epochs: Annotated[int, typer.Option(help="Maximum epochs.")] = 20,
     batch_size: Annotated[int, typer.Option(help="Training windows per batch.")] = 128,
     lr: Annotated[float, typer.Option(help="Peak learning rate (AdamW).")] = 3e-3,
+    weight_decay: Annotated[
+        float,
+        typer.Option(
+            help="AdamW weight decay of the weight matrices (norms, biases and embeddings get none)."
+        ),
+    ] = 0.05,
     max_items: Annotated[int, typer.Option(help="History items per prompt.")] = 20,
     warmup_steps: Annotated[int, typer.Option(help="Linear warm-up steps before cosine decay.")] = 100,
     patience: Annotated[
@@ -81,12 +87,15 @@ def train_command(
     from genrec.workloads.training.trainer import TrainConfig, train
 
     check_train_options(epochs, batch_size, max_items, warmup_steps, patience, threads, max_steps, lr)
+    if not weight_decay >= 0:
+        raise UserInputError(f"--weight-decay {weight_decay}: must be >= 0 (0 = no decay)")
     check_train_output(out, overwrite, device)
     cfg = TrainConfig(
         model_size=model,
         epochs=epochs,
         batch_size=batch_size,
         lr=lr,
+        weight_decay=weight_decay,
         max_items=max_items,
         warmup_steps=warmup_steps,
         patience=patience,

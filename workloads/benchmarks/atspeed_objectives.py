@@ -64,6 +64,21 @@ MODULE = "genrec.workloads.benchmarks.atspeed_objectives"
 LITERAL = "atspeed_s-literal"
 MIX = "-mix"  # objective suffix: train on the draft/target mixture data D' (module doc)
 MIXABLE = ("seqkd", "atspeed_s")  # the trainer objectives that read the teacher's top-K beam SIDs
+# TrainConfig fields the driver can set (unset: TrainConfig's defaults); a draft's cache key is its
+# whole TrainConfig, so the drafts cached before these flags existed are still found
+RECIPE_FLAGS = {
+    "--lr": float,
+    "--batch-size": int,
+    "--warmup-steps": int,
+    "--weight-decay": float,
+    "--patience": int,
+}
+
+
+def recipe_overrides(args: argparse.Namespace) -> dict:
+    """The recipe flags given on the command line, as TrainConfig fields."""
+    fields = {flag.removeprefix("--").replace("-", "_") for flag in RECIPE_FLAGS}
+    return {name: getattr(args, name) for name in sorted(fields) if getattr(args, name) is not None}
 
 
 def base_objective(objective: str) -> str:
@@ -95,6 +110,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--draft-size", default="tiny")
     p.add_argument("--epochs", type=int, default=8)
+    recipe = p.add_argument_group(
+        "training recipe",
+        "default: TrainConfig's (lr 3e-3, batch 128, warm-up 100, weight decay 0.05, patience 3). The "
+        "paper trains its drafts with --lr 1e-3 --batch-size 64 --warmup-steps 200 --weight-decay 0.01 "
+        "or 0.1 for 20 epochs. Applies to every model this driver trains (a per-seed target too).",
+    )
+    for flag, kind in RECIPE_FLAGS.items():
+        recipe.add_argument(flag, type=kind, default=None)
     p.add_argument("--k", type=int, nargs="+", default=[10, 5], help="the target's beam K values")
     p.add_argument("--draft-beams", type=int, nargs="+", default=[40], help="N values (raised to K)")
     p.add_argument("--gamma", type=int, default=3)
@@ -225,7 +248,7 @@ def seed_teacher(args: argparse.Namespace, objective: str, target_dir: Path, see
 
 def prepare_seed(args: argparse.Namespace, seed: int) -> tuple[Path, dict[str, dict]]:
     """The seed's target and one draft per objective (trained or reused)."""
-    common = {"epochs": args.epochs, "device": args.device, "threads": args.threads}
+    common = {"epochs": args.epochs, "device": args.device, "threads": args.threads, **recipe_overrides(args)}
     target_dir, target_info = seed_target(args, seed, common)
     drafts = {"target": target_info}
     for objective in args.objectives:
