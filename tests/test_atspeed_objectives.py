@@ -94,17 +94,9 @@ def test_recipe_flags_reach_every_trained_model_and_its_cache_key(synth_dir, tin
     ]  # fmt: skip
     assert atspeed_objectives.recipe_overrides(atspeed_objectives.parse_args(base)) == {}
     recipe = [
-        "--lr",
-        "0.001",
-        "--batch-size",
-        "64",
-        "--warmup-steps",
-        "7",
-        "--weight-decay",
-        "0.1",
-        "--patience",
-        "2",
-    ]
+        "--lr", "0.001", "--batch-size", "64", "--warmup-steps", "7", "--weight-decay", "0.1",
+        "--patience", "2",
+    ]  # fmt: skip
     plain = atspeed_objectives.main(base)["training"][1]["sft"]["dir"]
     tuned = atspeed_objectives.main([*base, *recipe])["training"][1]["sft"]["dir"]
     assert plain != tuned

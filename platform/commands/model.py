@@ -86,9 +86,9 @@ def train_command(
     """Train the GR transformer on a dataset's train split (validation loss picks the best epoch)."""
     from genrec.workloads.training.trainer import TrainConfig, train
 
-    check_train_options(epochs, batch_size, max_items, warmup_steps, patience, threads, max_steps, lr)
-    if not weight_decay >= 0:
-        raise UserInputError(f"--weight-decay {weight_decay}: must be >= 0 (0 = no decay)")
+    check_train_options(
+        epochs, batch_size, max_items, warmup_steps, patience, threads, max_steps, lr, weight_decay
+    )
     check_train_output(out, overwrite, device)
     cfg = TrainConfig(
         model_size=model,
@@ -129,6 +129,7 @@ def check_train_options(
     threads: int,
     max_steps: int,
     lr: float,
+    weight_decay: float,
 ) -> None:
     """The numeric options' ranges, named by flag."""
     from genrec.platform.commands.common import check_range
@@ -145,6 +146,8 @@ def check_train_options(
         check_range(flag, value, low, note=note)
     if not lr > 0:
         raise UserInputError(f"--lr {lr}: must be > 0")
+    if not weight_decay >= 0:
+        raise UserInputError(f"--weight-decay {weight_decay}: must be >= 0 (0 = no decay)")
 
 
 def check_train_output(out: Path, overwrite: bool, device: str) -> None:

@@ -66,19 +66,12 @@ MIX = "-mix"  # objective suffix: train on the draft/target mixture data D' (mod
 MIXABLE = ("seqkd", "atspeed_s")  # the trainer objectives that read the teacher's top-K beam SIDs
 # TrainConfig fields the driver can set (unset: TrainConfig's defaults); a draft's cache key is its
 # whole TrainConfig, so the drafts cached before these flags existed are still found
-RECIPE_FLAGS = {
-    "--lr": float,
-    "--batch-size": int,
-    "--warmup-steps": int,
-    "--weight-decay": float,
-    "--patience": int,
-}
+RECIPE_FIELDS = {"lr": float, "batch_size": int, "warmup_steps": int, "weight_decay": float, "patience": int}
 
 
 def recipe_overrides(args: argparse.Namespace) -> dict:
     """The recipe flags given on the command line, as TrainConfig fields."""
-    fields = {flag.removeprefix("--").replace("-", "_") for flag in RECIPE_FLAGS}
-    return {name: getattr(args, name) for name in sorted(fields) if getattr(args, name) is not None}
+    return {name: getattr(args, name) for name in RECIPE_FIELDS if getattr(args, name) is not None}
 
 
 def base_objective(objective: str) -> str:
@@ -116,8 +109,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "paper trains its drafts with --lr 1e-3 --batch-size 64 --warmup-steps 200 --weight-decay 0.01 "
         "or 0.1 for 20 epochs. Applies to every model this driver trains (a per-seed target too).",
     )
-    for flag, kind in RECIPE_FLAGS.items():
-        recipe.add_argument(flag, type=kind, default=None)
+    for name, kind in RECIPE_FIELDS.items():
+        recipe.add_argument("--" + name.replace("_", "-"), type=kind, default=None)
     p.add_argument("--k", type=int, nargs="+", default=[10, 5], help="the target's beam K values")
     p.add_argument("--draft-beams", type=int, nargs="+", default=[40], help="N values (raised to K)")
     p.add_argument("--gamma", type=int, default=3)

@@ -88,17 +88,15 @@ class TrainConfig:
         problems = []
         if self.model_size not in MODEL_SIZES:
             problems.append(f"model_size must be one of {sorted(MODEL_SIZES)}, got {self.model_size!r}")
-        for name in ("max_items", "epochs", "batch_size"):
+        for name in ("max_items", "epochs", "batch_size", "patience"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
         if not self.lr > 0:
             problems.append(f"lr must be > 0, got {self.lr}")
         if not self.weight_decay >= 0:
             problems.append(f"weight_decay must be >= 0, got {self.weight_decay}")
-        if self.warmup_steps < 0 or self.patience < 1:
-            problems.append(
-                f"warmup_steps must be >= 0 and patience >= 1, got {self.warmup_steps}, {self.patience}"
-            )
+        if self.warmup_steps < 0:
+            problems.append(f"warmup_steps must be >= 0, got {self.warmup_steps}")
         if self.device not in ("auto", "cpu", "cuda"):
             problems.append(f"device must be auto, cpu or cuda, got {self.device!r}")
         if self.objective not in OBJECTIVES:
