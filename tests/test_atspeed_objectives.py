@@ -107,3 +107,34 @@ def test_recipe_flags_reach_every_trained_model_and_its_cache_key(synth_dir, tin
     assert (default["lr"], default["weight_decay"]) == (3e-3, 0.05)
     with pytest.raises(UserInputError, match="weight_decay must be >= 0"):
         atspeed_objectives.main([*base, "--weight-decay", "-1"])
+
+
+def test_an_objectives_own_alpha_trains_its_own_draft_and_names_its_rows(synth_dir, tiny_model_dir, tmp_path):
+    """`seqkd@0.3` beside `seqkd` (--alpha 0.5): two drafts, each with its alpha in config.json, two row
+    labels in the summary; `seqkd@0.5` is the same configuration as `seqkd` and reuses its draft."""
+    models = tmp_path / "models"
+    base = [
+        "--data", str(synth_dir), "--models-dir", str(models), "--target", str(tiny_model_dir),
+        "--seeds", "1", "--epochs", "1", "--draft-size", "tiny", "--k", "3", "--teacher-k", "3",
+        "--draft-beams", "3", "--gamma", "2", "--users", "2", "--alpha", "0.5",
+    ]  # fmt: skip
+    result = atspeed_objectives.main([*base, "--objectives", "atspeed_s@0.7", "seqkd@0.3", "seqkd"])
+    drafts = result["training"][1]
+    labels = ["atspeed_s@0.7", "seqkd@0.3", "seqkd"]
+    alphas = {o: json.loads((Path(drafts[o]["dir"]) / "config.json").read_text())["alpha"] for o in labels}
+    assert alphas == {"atspeed_s@0.7": 0.7, "seqkd@0.3": 0.3, "seqkd": 0.5}
+    assert drafts["seqkd@0.3"]["dir"] != drafts["seqkd"]["dir"]
+    assert Path(drafts["seqkd@0.3"]["dir"]).name.startswith("draft-tiny-seqkd-seed1-")
+    per_k = result["summary"]["k3_n3_strict"]
+    assert set(per_k) == set(labels)
+    assert "atspeed_s@0.7_vs" in per_k["seqkd"]  # the labelled AtSpeed-S is the one compared
+    again = atspeed_objectives.main([*base, "--objectives", "seqkd@0.5"])
+    assert again["training"][1]["seqkd@0.5"]["dir"] == drafts["seqkd"]["dir"]
+
+
+@pytest.mark.parametrize("label", ["seqkd@high", "seqkd@1.5", "sft@0.3", "nope@0.5", "seqkd@nan"])
+def test_a_bad_alpha_label_is_refused(synth_dir, tmp_path, label, capsys):
+    argv = ["--data", str(synth_dir), "--models-dir", str(tmp_path), "--objectives", label]
+    with pytest.raises(SystemExit):
+        atspeed_objectives.parse_args(argv)
+    assert label in capsys.readouterr().err

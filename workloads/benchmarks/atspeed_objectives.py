@@ -29,6 +29,11 @@ That is one round of "on-policy" data: q is the SFT draft, never the draft being
 is not rebuilt as that draft changes. The mixture teacher file's name carries lambda and a hash of
 lambda and the target's and the SFT draft's paths (each path a hash of its configuration), so no
 stale file is reused.
+
+`<objective>@<alpha>` (`seqkd@0.7`, `atspeed_s-mix@0.3`) trains that objective with its own alignment
+weight instead of --alpha, so one run can hold each method at its best alpha, or one method at
+several. The label only names the rows; the cached draft is found by its configuration, so a draft
+trained with `--alpha 0.7` is the one `@0.7` reuses. `sft` takes no alpha (it has no alignment term).
 """
 
 from __future__ import annotations
@@ -64,6 +69,7 @@ MODULE = "genrec.workloads.benchmarks.atspeed_objectives"
 LITERAL = "atspeed_s-literal"
 MIX = "-mix"  # objective suffix: train on the draft/target mixture data D' (module doc)
 MIXABLE = ("seqkd", "atspeed_s")  # the trainer objectives that read the teacher's top-K beam SIDs
+ALPHA = "@"  # objective suffix: this objective's own alignment weight (module doc)
 # TrainConfig fields the driver can set (unset: TrainConfig's defaults); a draft's cache key is its
 # whole TrainConfig, so the drafts cached before these flags existed are still found
 RECIPE_FIELDS = {"lr": float, "batch_size": int, "warmup_steps": int, "weight_decay": float, "patience": int}
@@ -74,25 +80,49 @@ def recipe_overrides(args: argparse.Namespace) -> dict:
     return {name: getattr(args, name) for name in RECIPE_FIELDS if getattr(args, name) is not None}
 
 
+def split_alpha(objective: str) -> tuple[str, float | None]:
+    """`seqkd@0.7` -> ("seqkd", 0.7); an objective without its own alpha -> (objective, None)."""
+    name, sep, alpha = objective.partition(ALPHA)
+    if not sep:
+        return objective, None
+    try:
+        value = float(alpha)
+    except ValueError:
+        raise UserInputError(
+            f"objective {objective!r}: {alpha!r} after '@' is not a number (e.g. seqkd@0.7)"
+        ) from None
+    if not 0.0 <= value <= 1.0:
+        raise UserInputError(f"objective {objective!r}: alpha must be in [0, 1], got {value}")
+    if name == "sft":
+        raise UserInputError(f"objective {objective!r}: sft has no alignment term, so no alpha; write sft")
+    return name, value
+
+
 def base_objective(objective: str) -> str:
-    """The atspeed_arms.OBJECTIVES entry an objective trains (without -mix; the literal ablation is
-    AtSpeed-S with other flags)."""
-    base = objective.removesuffix(MIX)
+    """The atspeed_arms.OBJECTIVES entry an objective trains (without -mix or @alpha; the literal
+    ablation is AtSpeed-S with other flags)."""
+    base = split_alpha(objective)[0].removesuffix(MIX)
     return "atspeed_s" if base == LITERAL else base
 
 
 def known_objective(objective: str) -> bool:
-    if objective.endswith(MIX):
-        base = objective.removesuffix(MIX)
+    name = split_alpha(objective)[0]
+    if name.endswith(MIX):
+        base = name.removesuffix(MIX)
         return base in OBJECTIVES and OBJECTIVES[base][0] in MIXABLE
-    return objective in OBJECTIVES or objective == LITERAL
+    return name in OBJECTIVES or name == LITERAL
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__.split("\n")[0])
     p.add_argument("--data", required=True, help="dataset folder")
     p.add_argument("--models-dir", required=True, help="where targets, teacher files and drafts are cached")
-    p.add_argument("--objectives", nargs="+", default=["sft", "seqkd", "atspeed_s", "atspeed_s-no_dr"])
+    p.add_argument(
+        "--objectives",
+        nargs="+",
+        default=["sft", "seqkd", "atspeed_s", "atspeed_s-no_dr"],
+        help="draft objectives, each optionally with -mix and/or its own alpha: seqkd@0.7 (module doc)",
+    )
     p.add_argument("--seeds", type=int, nargs="+", default=[42, 43, 44])
     p.add_argument("--target-size", default="small")
     p.add_argument(
@@ -123,7 +153,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "(temperature 1, the same seed), with Recall@K of both",
     )
     p.add_argument("--teacher-k", type=int, default=10)
-    p.add_argument("--alpha", type=float, default=0.5)
+    p.add_argument(
+        "--alpha", type=float, default=0.5, help="alignment weight of every objective without its own @ALPHA"
+    )
     p.add_argument(
         "--mix-lambda",
         type=float,
@@ -135,7 +167,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default="cpu")
     p.add_argument("--out", default=None, help="JSON file for the per-seed rows and the summary")
     args = p.parse_args(argv)
-    unknown = [o for o in args.objectives if not known_objective(o)]
+    try:
+        unknown = [o for o in args.objectives if not known_objective(o)]
+    except UserInputError as e:
+        p.error(str(e))
     if unknown:
         mixed = [f"{o}{MIX}" for o, (trainer, _) in OBJECTIVES.items() if trainer in MIXABLE]
         p.error(f"unknown objectives {unknown}; choose from {[*OBJECTIVES, LITERAL, *mixed]}")
@@ -228,7 +263,7 @@ def sft_draft(args: argparse.Namespace, seed: int, common: dict) -> Path:
 def seed_teacher(args: argparse.Namespace, objective: str, target_dir: Path, seed: int, common: dict) -> Path:
     """The objective's teacher file: the target's beam (or, for AtSpeed-R, sampled) SIDs, or for a
     -mix objective the beam top-K of the SFT draft's mixture with the target."""
-    if objective.endswith(MIX):
+    if split_alpha(objective)[0].endswith(MIX):
         q = sft_draft(args, seed, common)
         out = mixture_teacher_path(args, target_dir, q)
         return ensure_teacher(
@@ -246,9 +281,10 @@ def prepare_seed(args: argparse.Namespace, seed: int) -> tuple[Path, dict[str, d
     drafts = {"target": target_info}
     for objective in args.objectives:
         name = base_objective(objective)
+        label, own_alpha = split_alpha(objective)
         extra: dict = {}
         if name != "sft":
-            extra = {"target": str(target_dir), "alpha": args.alpha}
+            extra = {"target": str(target_dir), "alpha": args.alpha if own_alpha is None else own_alpha}
         if OBJECTIVES[name][0] in NEEDS_TEACHER:
             extra["teacher"] = str(seed_teacher(args, objective, target_dir, seed, common))
         cfg = train_config(name, args.draft_size, seed, common, **extra)
@@ -256,9 +292,9 @@ def prepare_seed(args: argparse.Namespace, seed: int) -> tuple[Path, dict[str, d
         if OBJECTIVES[name][0] == "atspeed_s":
             fields["atspeed_s_reading"] = ATSPEED_S_READING
         draft_dir = cached_dir(
-            args.models_dir, args.data, f"draft-{args.draft_size}-{objective}-seed{seed}", fields
+            args.models_dir, args.data, f"draft-{args.draft_size}-{label}-seed{seed}", fields
         )
-        drafts[objective] = train_timed(args.data, draft_dir, cfg, literal=objective == LITERAL)
+        drafts[objective] = train_timed(args.data, draft_dir, cfg, literal=label == LITERAL)
     return target_dir, drafts
 
 
