@@ -2,7 +2,7 @@
 
     python -m genrec.workloads.benchmarks.atspeed_latency --model runs/models/small \\
         --draft runs/models/tiny [--data DIR] --k 10 --draft-beams 10 20 40 --gamma 3 --users 64 \\
-        --batch-size 1 --repeats 3 --warmup 1 --threads 1 [--device cpu|cuda] [--out FILE.json]
+        --batch-size 1 --repeats 3 --warmup 1 --threads 1 [--device cpu|cuda] [--hf] [--out FILE.json]
 
 Arms: `beam` (the target's beam search with beam K: the reference whose output strict AtSpeed must
 equal) and `atspeed_strict` for each N in --draft-beams (with --relaxed also `beam_sample`, the
@@ -12,23 +12,31 @@ Per arm: latency per batch (median, p90), WS@K = beam median / arm median, the p
 draft, verify), target and draft calls per user, accepted steps per SD step (AS@K) and per-level
 acceptance, whether the top-K equals beam search's on every user (strict), and the ceiling a free draft
 would give: beam / (arm - draft time), i.e. what is left if drafting cost nothing.
+
+--hf adds `hf_beam`, Hugging Face `generate` beam search at beam K on the same weights (hf_bridge; the
+`peers` extra), timed end to end like ours (histories in, items out) in the same rotation, and every
+arm's `ws_vs_hf` = hf_beam median / arm median: the issue's "2x over HF generate" figure. Its top-K is
+checked against our beam search's (up to ties), as in beam_vs_hf.
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
 
 from genrec.workloads.decoding.base import DecoderContext, DecodeResult, get_decoder, make_params
+from genrec.workloads.decoding.beam_core import finish_beams
 from genrec.workloads.errors import UserInputError
 from genrec.workloads.evaluation import load_context
 from genrec.workloads.results import benchmark_summary
 
 MODULE = "genrec.workloads.benchmarks.atspeed_latency"
-REFERENCES = ("beam", "beam_sample")  # the arms AtSpeed is timed against (no draft counters)
+REFERENCES = ("beam", "beam_sample", "hf_beam")  # the arms AtSpeed is timed against (no draft counters)
+Runner = Callable[[list[list[int]]], DecodeResult]  # one arm: a batch of histories -> its result
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -53,6 +61,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=1, help="untimed batches per arm")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--device", default="cpu")
+    p.add_argument("--hf", action="store_true", help="also time HF generate beam search (peers extra)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     if min(args.draft_beams) < args.k:
@@ -77,24 +86,50 @@ def arms(args: argparse.Namespace) -> dict[str, tuple[str, dict]]:
     return out
 
 
+def decoder_runner(ctx: DecoderContext, decoder: str, params: dict) -> Runner:
+    dec = get_decoder(decoder)
+    typed = make_params(dec, params)
+    return lambda hist: dec.decode(ctx, hist, typed)
+
+
+def hf_beam_runner(ctx: DecoderContext, k: int) -> Runner:
+    """HF generate beam search at beam k on a LlamaForCausalLM copy of the target: prompts built and
+    items looked up as ours does, so both arms time the same work."""
+    from genrec.workloads.models.hf_bridge import hf_beam_search, to_hf_llama
+
+    hf = to_hf_llama(ctx.model)
+
+    def run(hist: list[list[int]]) -> DecodeResult:
+        tokens, mask = ctx.prompts(hist)
+        codes, scores = hf_beam_search(hf, ctx.codec, tokens, mask, k, k)
+        done = finish_beams(ctx, codes, scores, k)
+        return DecodeResult(done.codes, done.scores, done.item_ids, done.valid)
+
+    return run
+
+
+def runners(ctx: DecoderContext, args: argparse.Namespace) -> dict[str, Runner]:
+    out = {name: decoder_runner(ctx, d, p) for name, (d, p) in arms(args).items()}
+    if args.hf:
+        out["hf_beam"] = hf_beam_runner(ctx, args.k)
+    return out
+
+
 def run_arms(ctx: DecoderContext, batches: list[list[list[int]]], args) -> dict[str, list[DecodeResult]]:
-    spec = arms(args)
-    decoders = {name: (get_decoder(d), make_params(get_decoder(d), p)) for name, (d, p) in spec.items()}
-    names = list(decoders)
+    arm_runners = runners(ctx, args)
+    names = list(arm_runners)
     for name in names:  # warm-up
-        dec, params = decoders[name]
         for hist in batches[: args.warmup]:
-            dec.decode(ctx, hist, params)
+            arm_runners[name](hist)
     results: dict[str, list[tuple[float, DecodeResult]]] = {n: [] for n in names}
     sync = torch.cuda.synchronize if ctx.device.type == "cuda" else (lambda: None)
     for r in range(args.repeats):
         for i, hist in enumerate(batches):
             shift = (r + i) % len(names)
             for name in names[shift:] + names[:shift]:
-                dec, params = decoders[name]
                 sync()
                 t0 = time.perf_counter_ns()
-                res = dec.decode(ctx, hist, params)
+                res = arm_runners[name](hist)
                 sync()
                 results[name].append(((time.perf_counter_ns() - t0) / 1e6, res))
     return results
@@ -132,11 +167,27 @@ def summarise(results, batches, args) -> dict[str, dict]:
         if name.startswith("relaxed"):
             sample_ms = np.median([m for m, _ in results["beam_sample"]])
             row["ws_vs_sampling"] = float(sample_ms / np.median(ms))
+        if "hf_beam" in results:
+            row["ws_vs_hf"] = float(np.median([m for m, _ in results["hf_beam"]]) / np.median(ms))
         if name.startswith("strict"):
             same = [bool(torch.equal(res.codes, ref)) for (_, res), ref in zip(runs, beam_codes)]
             row["identical_to_beam"] = float(np.mean(same))
+        if name == "hf_beam":
+            row["agrees_with_beam"] = hf_agreement(runs, results["beam"])
         out[name] = row
     return out
+
+
+def hf_agreement(hf_runs, beam_runs, tol: float = 1e-4) -> float:
+    """Share of users whose HF top-K equals our beam search's, up to ties in score (beam_vs_hf's rule)."""
+    from genrec.workloads.benchmarks.beam_vs_hf import user_agrees
+
+    per_user = [
+        user_agrees(h.codes[b].cpu(), h.scores[b].cpu(), o.codes[b].cpu(), o.scores[b].cpu(), tol)
+        for (_, h), (_, o) in zip(hf_runs, beam_runs)
+        for b in range(h.codes.shape[0])
+    ]
+    return float(np.mean(per_user))
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -163,6 +214,10 @@ def main(argv: list[str] | None = None) -> dict:
                 extra += f"  identical {row['identical_to_beam']:.0%}"
             if "ws_vs_sampling" in row:
                 extra += f"  WS vs beam_sample {row['ws_vs_sampling']:.2f}x"
+        if "ws_vs_hf" in row:
+            extra += f"  WS vs HF {row['ws_vs_hf']:.2f}x"
+        if "agrees_with_beam" in row:
+            extra += f"  agrees with beam {row['agrees_with_beam']:.0%}"
         print(
             f"{name:12s} {row['median_ms']:8.2f} ms/batch  WS@{args.k} {row['ws']:.2f}x  "
             f"(prefill {ph['prefill']:.2f}, draft {ph['draft']:.2f}, verify {ph['verify']:.2f}){extra}",
