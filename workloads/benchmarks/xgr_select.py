@@ -45,9 +45,10 @@ TEMPS = {"random": 1.0, "peaked": 4.0}
 
 
 def flat_numpy(scores: torch.Tensor, log_probs: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Exact flat top-k with numpy's argpartition: (values, flat index), best first, ties by index."""
+    """Exact flat top-k with numpy's argpartition: (values, flat index), best first, ties by index.
+    On CUDA the inputs are copied to the host first (numpy has no device arrays): part of its cost."""
     b, w, t = log_probs.shape
-    cand = (scores.numpy()[:, :, None] + log_probs.numpy()).reshape(b, w * t)
+    cand = (scores.cpu().numpy()[:, :, None] + log_probs.cpu().numpy()).reshape(b, w * t)
     n = w * t
     top = cand.argpartition(n - k, axis=1)[:, n - k :]
     values = np.take_along_axis(cand, top, 1)
