@@ -21,7 +21,7 @@ from test_extend import VOCAB, make_model, random_prompts, random_tree  # noqa: 
 
 from genrec.workloads.benchmarks.xgr_memory import memory_point  # noqa: E402
 from genrec.workloads.decoding import xbeam, xgr  # noqa: E402
-from genrec.workloads.decoding.base import decoder_names, get_decoder, make_params  # noqa: E402
+from genrec.workloads.decoding.base import DecoderContext, decoder_names, get_decoder, make_params  # noqa: E402
 from genrec.workloads.decoding.beam_core import select_beams  # noqa: E402
 from genrec.workloads.errors import UserInputError  # noqa: E402
 from genrec.workloads.models.transformer import GRTransformer, model_config_for  # noqa: E402
@@ -335,6 +335,8 @@ def test_buffers_are_reused_across_requests_and_results_do_not_alias_them():
 def test_xgr_with_the_triton_attention_equals_beam():
     pytest.importorskip("triton", reason="triton is not installed (CPU runs it under its interpreter)")
     ctx = make_ctx((4, 4, 4), seed=3)
+    if torch.cuda.is_available():  # compiled, the kernel reads CUDA tensors (the interpreter CPU ones)
+        ctx = DecoderContext(ctx.model.cuda(), ctx.codec, ctx.item_codes, ctx.max_items, ctx.popularity)
     a, b = decode_pair(ctx, [[0, 1], [2]], 10, 5, {"attention": "triton"})
     beam = get_decoder("beam")
     ref = beam.decode(ctx, [[0, 1], [2]], make_params(beam, {"beam_width": 10, "k": 5}))
