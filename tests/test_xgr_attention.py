@@ -48,3 +48,10 @@ def test_a_dtype_the_kernel_cannot_build_is_recorded_and_the_run_goes_on():
 def test_bad_sizes_are_refused(bad):
     with pytest.raises(SystemExit):
         xgr_attention.parse_args([*TINY, *bad])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the capture succeeds")
+def test_a_graph_that_cannot_be_captured_costs_its_graph_arm_only():
+    """Capture needs CUDA: on the CPU every capture fails, and each failure is returned, not raised."""
+    graphs, errors = xgr_attention.graph_calls({"sdpa_copied": lambda: None}, torch.device("cpu"))
+    assert graphs == {} and set(errors) == {"sdpa_copied_graph"}

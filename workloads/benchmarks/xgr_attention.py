@@ -99,11 +99,21 @@ def arm_calls(inputs: dict, dev: torch.device) -> dict[str, Callable[[], torch.T
         "torch_staged": lambda: shared_prefix_attention_torch(*staged),
         "sdpa_copied": lambda: F.scaled_dot_product_attention(*copied),
     }
-    if dev.type == "cuda":
-        from genrec.workloads.benchmarks.cuda_graph import capture_cuda_graph
-
-        calls |= {f"{name}_graph": capture_cuda_graph(fn, dev)[0] for name, fn in list(calls.items())}
     return calls
+
+
+def graph_calls(calls: dict[str, Callable], dev: torch.device) -> tuple[dict[str, Callable], dict[str, str]]:
+    """Each arm captured as a CUDA graph (`NAME_graph`), and the arms whose capture failed, with why:
+    a capture failure costs that graph arm only, not the eager timings."""
+    from genrec.workloads.benchmarks.cuda_graph import capture_cuda_graph
+
+    graphs, errors = {}, {}
+    for name, fn in calls.items():
+        try:
+            graphs[f"{name}_graph"] = capture_cuda_graph(fn, dev)[0]
+        except Exception as e:  # noqa: BLE001 -- recorded in the row
+            errors[f"{name}_graph"] = f"{type(e).__name__}: {e}"[:300]
+    return graphs, errors
 
 
 def time_calls(calls: dict[str, Callable], args, dev: torch.device) -> dict[str, float]:
@@ -136,10 +146,15 @@ def attention_point(args, users: int, beams: int, dtype: str, dev: torch.device)
     except Exception as e:  # noqa: BLE001 -- a dtype the kernel does not build for: record it, go on
         return {**row, "error": f"{type(e).__name__}: {e}"[:500]}
     row["triton_max_abs_err"] = float(err)
+    if dev.type == "cuda":
+        graphs, graph_errors = graph_calls(calls, dev)
+        calls |= graphs
+        if graph_errors:
+            row["graph_errors"] = graph_errors
     row |= time_calls(calls, args, dev)
     row["sdpa_over_triton"] = row["sdpa_copied_us"] / row["triton_us"]
     row["torch_staged_over_triton"] = row["torch_staged_us"] / row["triton_us"]
-    if "triton_graph_us" in row:
+    if "triton_graph_us" in row and "sdpa_copied_graph_us" in row:
         row["sdpa_over_triton_graph"] = row["sdpa_copied_graph_us"] / row["triton_graph_us"]
     return row
 
