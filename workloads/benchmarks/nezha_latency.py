@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -105,10 +106,21 @@ def verification_microbench(ctx, k: int, users: int, repeats: int = 20) -> dict:
     return out
 
 
-def main(argv: list[str] | None = None) -> dict:
-    args = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+@dataclass
+class LatencySetup:
+    """What the timed rotation needs: each arm as label -> (context, decoder, params), warmed up;
+    the batches of test examples; the backbone size per model (all equal, checked); the NEZHA
+    context (for the verification micro-benchmark) and the dataset."""
+
+    arms: dict
+    batches: list
+    sizes: dict
+    nezha_ctx: DecoderContext
+    dataset: object
+
+
+def prepare_arms(args: argparse.Namespace, k: int) -> LatencySetup:
+    """Load the models, build the arms and warm each up on the first `--warmup` batches."""
     beam_ctx, ds, beam_ckpt = load_context(args.beam_model, args.data, args.device)
     nezha_ctx, _, nezha_ckpt = load_context(args.nezha_model, str(ds.root), args.device)
     runs = [
@@ -124,82 +136,86 @@ def main(argv: list[str] | None = None) -> dict:
         sizes["mtp"] = mtp_ckpt.meta.get("model_size")
     if len(set(sizes.values())) != 1:
         raise UserInputError(f"models differ in backbone size {sizes}; compare the same size")
-    examples = ds.eval_examples("test")[: args.users]
-    batches = [examples[i : i + args.batch_size] for i in range(0, len(examples), args.batch_size)]
-    k = min(10, args.beam_width)
     if args.with_hf:
         runs.append(("beam-hf", beam_ctx, "beam-hf", {}))
-    decoders = {}
+    examples = ds.eval_examples("test")[: args.users]
+    batches = [examples[i : i + args.batch_size] for i in range(0, len(examples), args.batch_size)]
+    arms = {}
     for label, ctx, name, extra in runs:
         dec = HFBeamSearch(ctx) if name == "beam-hf" else get_decoder(name)
         params = make_params(dec, {"beam_width": args.beam_width, "k": k, **extra})
         for batch in batches[: args.warmup]:
             dec.decode(ctx, [ex.history for ex in batch], params)
-        decoders[label] = (ctx, dec, params)
+        arms[label] = (ctx, dec, params)
+    return LatencySetup(arms, batches, sizes, nezha_ctx, ds)
 
-    lat = {label: [] for label in decoders}
-    phases = {label: {} for label in decoders}
-    ranked = {label: [None] * len(batches) for label in decoders}
-    full_lists = {label: 0 for label in decoders}
-    counters = {label: {} for label in decoders}
-    order = list(decoders)
-    for rep in range(args.repeats):
+
+def time_arms(arms: dict, batches: list, repeats: int) -> dict[str, dict]:
+    """Every arm on every batch, interleaved batch by batch with the arm order rotated per repeat.
+    Per arm: per-call latencies (ms), summed phase timings, and from the first repeat the ranked
+    item lists, the count of users with K valid items and the summed counters."""
+    out = {
+        label: {"lat": [], "phases": {}, "ranked": [None] * len(batches), "full": 0, "counters": {}}
+        for label in arms
+    }
+    order = list(arms)
+    for rep in range(repeats):
         rot = order[rep % len(order) :] + order[: rep % len(order)]
         for bi, batch in enumerate(batches):
             hist = [ex.history for ex in batch]
             for label in rot:
-                ctx, dec, params = decoders[label]
+                ctx, dec, params = arms[label]
                 t0 = time.perf_counter_ns()
                 res = dec.decode(ctx, hist, params)
                 if ctx.device.type == "cuda":  # the decoder's last GPU work belongs to this batch
                     torch.cuda.synchronize()
-                lat[label].append((time.perf_counter_ns() - t0) / 1e6)
+                o = out[label]
+                o["lat"].append((time.perf_counter_ns() - t0) / 1e6)
                 for ph, v in res.timings_ms.items():
-                    phases[label][ph] = phases[label].get(ph, 0.0) + v
+                    o["phases"][ph] = o["phases"].get(ph, 0.0) + v
                 if rep == 0:
-                    ranked[label][bi] = res.item_ids.tolist()
-                    full_lists[label] += int(res.valid.all(dim=1).sum())
+                    o["ranked"][bi] = res.item_ids.tolist()
+                    o["full"] += int(res.valid.all(dim=1).sum())
                     for c, v in res.counters.items():
-                        counters[label][c] = counters[label].get(c, 0) + v
-    n_calls = args.repeats * len(batches)
-    targets = [ex.targets for ex in examples]
-    summary: dict = {"decoders": {}}
-    for label in decoders:
-        flat = [r for part in ranked[label] for r in part]
-        a = np.asarray(lat[label])
-        c = counters[label]
-        summary["decoders"][label] = {
-            "median_ms": float(np.median(a)),
-            "p99_ms": float(np.percentile(a, 99)),
-            "phases_ms": {ph: v / n_calls for ph, v in phases[label].items()},
-            "quality": ranking_metrics(flat, targets, (5, 10)),
-            "users_with_k_valid": full_lists[label] / len(examples),
-            "drafts_valid_share": c["drafts_valid"] / c["candidates"] if "candidates" in c else None,
-            "returned_valid_share": c["returned_valid"] / c["candidates"] if "candidates" in c else None,
-        }
-    d = summary["decoders"]
-    summary["speedup_beam_over_nezha"] = d["beam"]["median_ms"] / d["nezha"]["median_ms"]
-    # NEZHA cannot beat its own prefill: beam search's latency over it is the speed-up a free draft
-    # and free verification would give, so a target above it is out of reach for this backbone
-    summary["speedup_ceiling_free_draft"] = d["beam"]["median_ms"] / d["nezha"]["phases_ms"]["prefill"]
-    summary["verify_share_of_nezha"] = d["nezha"]["phases_ms"].get("verify", 0.0) / d["nezha"]["median_ms"]
-    summary["verify_share_of_nezha_every"] = (
-        d["nezha-every"]["phases_ms"].get("verify", 0.0) / d["nezha-every"]["median_ms"]
-    )
-    if "beam-hf" in d:  # context only: the paper's kind of baseline, not the target's
-        summary["speedup_beam_hf_over_nezha"] = d["beam-hf"]["median_ms"] / d["nezha"]["median_ms"]
-    summary["verification_microbench"] = verification_microbench(nezha_ctx, k, args.batch_size)
-    summary["setup"] = {
-        "command": command_line("genrec.workloads.benchmarks.nezha_latency", argv),
-        "dataset": ds.manifest.name,
-        "model_size": sizes["beam"],
-        "users": len(examples),
-        "batch_size": args.batch_size,
-        "beam_width": args.beam_width,
-        "k": k,
-        "repeats": args.repeats,
-        "env": vars(current_environment(beam_ctx.device)),
+                        o["counters"][c] = o["counters"].get(c, 0) + v
+    return out
+
+
+def arm_summary(timed: dict, examples: list, n_calls: int) -> dict:
+    """One arm's row: latency median and p99, mean phase ms per call, quality on the measured users,
+    and the share of users (and of candidates) with valid items."""
+    a, c = np.asarray(timed["lat"]), timed["counters"]
+    flat = [r for part in timed["ranked"] for r in part]
+    return {
+        "median_ms": float(np.median(a)),
+        "p99_ms": float(np.percentile(a, 99)),
+        "phases_ms": {ph: v / n_calls for ph, v in timed["phases"].items()},
+        "quality": ranking_metrics(flat, [ex.targets for ex in examples], (5, 10)),
+        "users_with_k_valid": timed["full"] / len(examples),
+        "drafts_valid_share": c["drafts_valid"] / c["candidates"] if "candidates" in c else None,
+        "returned_valid_share": c["returned_valid"] / c["candidates"] if "candidates" in c else None,
     }
+
+
+def speedups(d: dict) -> dict:
+    """Beam search over NEZHA, the free-draft ceiling and the verification's shares."""
+    out = {
+        "speedup_beam_over_nezha": d["beam"]["median_ms"] / d["nezha"]["median_ms"],
+        # NEZHA cannot beat its own prefill: beam search's latency over it is the speed-up a free draft
+        # and free verification would give, so a target above it is out of reach for this backbone
+        "speedup_ceiling_free_draft": d["beam"]["median_ms"] / d["nezha"]["phases_ms"]["prefill"],
+        "verify_share_of_nezha": d["nezha"]["phases_ms"].get("verify", 0.0) / d["nezha"]["median_ms"],
+        "verify_share_of_nezha_every": (
+            d["nezha-every"]["phases_ms"].get("verify", 0.0) / d["nezha-every"]["median_ms"]
+        ),
+    }
+    if "beam-hf" in d:  # context only: the paper's kind of baseline, not the target's
+        out["speedup_beam_hf_over_nezha"] = d["beam-hf"]["median_ms"] / d["nezha"]["median_ms"]
+    return out
+
+
+def print_summary(summary: dict) -> None:
+    d = summary["decoders"]
     print(f"{'decoder':12s} {'median ms':>10s} {'p99 ms':>8s} {'prefill':>8s} {'draft':>7s} {'verify':>7s}"
           f" {'decode':>7s} {'hr@10':>6s} {'ndcg@10':>7s} {'K valid':>7s}")  # fmt: skip
     for label, r in d.items():
@@ -218,6 +234,32 @@ def main(argv: list[str] | None = None) -> dict:
     )
     if "speedup_beam_hf_over_nezha" in summary:
         print(f"HF generate beam search / nezha median latency: {summary['speedup_beam_hf_over_nezha']:.2f}x")
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    k = min(10, args.beam_width)
+    setup = prepare_arms(args, k)
+    examples = [ex for batch in setup.batches for ex in batch]
+    timed = time_arms(setup.arms, setup.batches, args.repeats)
+    n_calls = args.repeats * len(setup.batches)
+    d = {label: arm_summary(timed[label], examples, n_calls) for label in setup.arms}
+    summary: dict = {"decoders": d, **speedups(d)}
+    summary["verification_microbench"] = verification_microbench(setup.nezha_ctx, k, args.batch_size)
+    summary["setup"] = {
+        "command": command_line("genrec.workloads.benchmarks.nezha_latency", argv),
+        "dataset": setup.dataset.manifest.name,
+        "model_size": setup.sizes["beam"],
+        "users": len(examples),
+        "batch_size": args.batch_size,
+        "beam_width": args.beam_width,
+        "k": k,
+        "repeats": args.repeats,
+        "env": vars(current_environment(setup.arms["beam"][0].device)),
+    }
+    print_summary(summary)
     if args.out:
         atomic_write_text(args.out, json.dumps(summary, indent=2, default=str) + "\n")
     return summary
