@@ -109,6 +109,26 @@ def test_recipe_flags_reach_every_trained_model_and_its_cache_key(synth_dir, tin
         atspeed_objectives.main([*base, "--weight-decay", "-1"])
 
 
+def test_training_logs_a_line_per_model_and_epoch_unless_quiet(synth_dir, tiny_model_dir, tmp_path, capsys):
+    """A 20-epoch run trains for an hour in silence otherwise: each model it trains gets a line naming
+    it, then one per epoch; a reused model gets none; --quiet drops them and keeps the rows."""
+    base = [
+        "--data", str(synth_dir), "--models-dir", str(tmp_path / "models"), "--target", str(tiny_model_dir),
+        "--objectives", "sft", "--seeds", "1", "--epochs", "2", "--patience", "5", "--draft-size", "tiny",
+        "--k", "3", "--draft-beams", "3", "--gamma", "2", "--users", "2",
+    ]  # fmt: skip
+    atspeed_objectives.main(base)
+    out = capsys.readouterr().out
+    assert "training draft-tiny-sft-seed1-" in out and "(next_item, up to 2 epochs)" in out
+    assert "epoch 1: train loss" in out and "epoch 2: train loss" in out
+    atspeed_objectives.main(base)  # reused: nothing to train
+    assert "training " not in capsys.readouterr().out
+    atspeed_objectives.main([*base, "--seeds", "2", "--quiet"])
+    quiet = capsys.readouterr().out
+    assert "training " not in quiet and "epoch 1:" not in quiet
+    assert "sft" in quiet  # the measured rows still print
+
+
 def test_an_objectives_own_alpha_trains_its_own_draft_and_names_its_rows(synth_dir, tiny_model_dir, tmp_path):
     """`seqkd@0.3` beside `seqkd` (--alpha 0.5): two drafts, each with its alpha in config.json, two row
     labels in the summary; `seqkd@0.5` is the same configuration as `seqkd` and reuses its draft."""

@@ -164,6 +164,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--users", type=int, default=256)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--quiet", action="store_true", help="no line per trained model and epoch")
     p.add_argument("--device", default="cpu")
     p.add_argument("--out", default=None, help="JSON file for the per-seed rows and the summary")
     args = p.parse_args(argv)
@@ -202,13 +203,14 @@ def literal_density_term() -> Iterator[None]:
         align.prepare_alignment = original
 
 
-def train_timed(data: str, model_dir: Path, cfg, literal: bool = False) -> dict:
-    """Train (or reuse) one checkpoint; its training seconds and best validation loss from config.json."""
+def train_timed(data: str, model_dir: Path, cfg, literal: bool = False, progress: bool = False) -> dict:
+    """Train (or reuse) one checkpoint; its training seconds and best validation loss from config.json.
+    progress: a line naming the model, then one per epoch, when it is trained."""
     if literal:
         with literal_density_term():
-            ensure_trained(data, model_dir, cfg)
+            ensure_trained(data, model_dir, cfg, progress)
     else:
-        ensure_trained(data, model_dir, cfg)
+        ensure_trained(data, model_dir, cfg, progress)
     meta = json.loads((model_dir / "config.json").read_text())
     return {
         "dir": str(model_dir),
@@ -230,7 +232,7 @@ def seed_target(args: argparse.Namespace, seed: int, common: dict) -> tuple[Path
     target_dir = cached_dir(
         args.models_dir, args.data, f"target-{args.target_size}-seed{seed}", asdict(target_cfg)
     )
-    return target_dir, train_timed(args.data, target_dir, target_cfg)
+    return target_dir, train_timed(args.data, target_dir, target_cfg, progress=not args.quiet)
 
 
 def teacher_path(args: argparse.Namespace, target_dir: Path, sampling: bool, seed: int) -> Path:
@@ -256,7 +258,7 @@ def sft_draft(args: argparse.Namespace, seed: int, common: dict) -> Path:
     """The seed's SFT draft, trained (or reused) under the name the `sft` objective gives it."""
     cfg = train_config("sft", args.draft_size, seed, common)
     draft_dir = cached_dir(args.models_dir, args.data, f"draft-{args.draft_size}-sft-seed{seed}", asdict(cfg))
-    train_timed(args.data, draft_dir, cfg)
+    train_timed(args.data, draft_dir, cfg, progress=not args.quiet)
     return draft_dir
 
 
@@ -294,7 +296,8 @@ def prepare_seed(args: argparse.Namespace, seed: int) -> tuple[Path, dict[str, d
         draft_dir = cached_dir(
             args.models_dir, args.data, f"draft-{args.draft_size}-{label}-seed{seed}", fields
         )
-        drafts[objective] = train_timed(args.data, draft_dir, cfg, literal=label == LITERAL)
+        literal = label == LITERAL
+        drafts[objective] = train_timed(args.data, draft_dir, cfg, literal=literal, progress=not args.quiet)
     return target_dir, drafts
 
 

@@ -104,6 +104,8 @@ def ensure_trained(data: str | Path, model_dir: Path, cfg: TrainConfig, progress
     with open(model_dir.parent / f"{model_dir.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not finished(model_dir):
+            if progress:  # the epoch lines that follow do not name the model
+                print(f"training {model_dir.name} ({cfg.objective}, up to {cfg.epochs} epochs)", flush=True)
             train(data, model_dir, cfg, progress=progress)
 
 
