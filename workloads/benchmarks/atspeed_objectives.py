@@ -62,6 +62,7 @@ from genrec.workloads.benchmarks.atspeed_arms import (
 from genrec.workloads.benchmarks.nezha_arms import ensure_trained
 from genrec.workloads.decoding.mixture_model import check_mix_lambda
 from genrec.workloads.errors import UserInputError
+from genrec.workloads.io import atomic_write_text
 from genrec.workloads.metrics import paired_permutation_test, paired_t_test_less
 from genrec.workloads.training.align import ATSPEED_S_READING
 
@@ -432,9 +433,14 @@ def main(argv: list[str] | None = None) -> dict:
         "summary": compare(rows, args.objectives, settings),
     }
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=1, default=str))
-    for key, per_k in result["summary"].items():
+        atomic_write_text(args.out, json.dumps(result, indent=1, default=str))
+    print_summary(result["summary"])
+    return result
+
+
+def print_summary(summary: dict) -> None:
+    """Per setting and objective: AS@K per seed, median, and the main objective's one-sided p-values."""
+    for key, per_k in summary.items():
         print(key)
         for o, row in per_k.items():
             tests = next((v for name, v in row.items() if name.endswith("_vs")), {})
@@ -444,7 +450,6 @@ def main(argv: list[str] | None = None) -> dict:
                 p["recall_lower_users"] = round(rec["users_sign_flip_lower"]["p_value"], 4)
             seeds = [round(v, 3) for v in row["per_seed"]]
             print(f"  {o:18s} per seed {seeds}  median {row['median']:.3f}  p {p}")
-    return result
 
 
 if __name__ == "__main__":
