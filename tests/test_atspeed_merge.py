@@ -112,6 +112,9 @@ def test_missing_or_foreign_files_say_what_is_wanted(tmp_path):
     (tmp_path / "x.json").write_text('{"rows": []}')
     with pytest.raises(UserInputError, match="not an `atspeed_objectives --out` file"):
         atspeed_merge.main([str(tmp_path / "x.json")])
+    (tmp_path / "y.json").write_text(json.dumps({"args": SETUP, "rows": [{"objective": "sft", "seed": 1}]}))
+    with pytest.raises(UserInputError, match=r"not an `atspeed_objectives --out` file \(KeyError\('k'\)"):
+        atspeed_merge.main([str(tmp_path / "y.json")])  # a row without the fields it is looked up by
     cmd = [sys.executable, "-m", "genrec.workloads.benchmarks.atspeed_merge", str(tmp_path / "none.json")]
     done = subprocess.run(cmd, capture_output=True, text=True)
     assert done.returncode == 1 and "error:" in done.stderr and "Traceback" not in done.stderr

@@ -23,7 +23,14 @@ import argparse
 import json
 from pathlib import Path
 
-from genrec.workloads.benchmarks.atspeed_objectives import compare, more_accepted, print_summary
+from genrec.workloads.benchmarks.atspeed_objectives import (
+    compare,
+    index_rows,
+    more_accepted,
+    print_summary,
+    row_key,
+    setting_name,
+)
 from genrec.workloads.errors import UserInputError
 from genrec.workloads.io import atomic_write_text
 
@@ -47,10 +54,13 @@ def load_part(prefix: str, path: Path) -> tuple[dict, list[dict]]:
     """One run's options and its rows, each row's label prefixed."""
     try:
         run = json.loads(path.read_text())
-        args, rows = run["args"], run["rows"]
+        args = run["args"]
+        rows = [r | {"objective": prefix + r["objective"]} for r in run["rows"]]
+        for r in rows:
+            row_key(r)  # every row has the fields it is looked up by
     except (json.JSONDecodeError, KeyError, TypeError) as e:
         raise UserInputError(f"{path}: not an `atspeed_objectives --out` file ({e!r})") from None
-    return args, [r | {"objective": prefix + r["objective"]} for r in rows]
+    return args, rows
 
 
 def check_same_setup(parts: list[tuple[Path, dict]]) -> None:
@@ -73,7 +83,7 @@ def merge_rows(specs: list[str]) -> list[dict]:
     rows = []
     for path, _, part_rows in loaded:
         for r in part_rows:
-            key = (r["objective"], r["k"], r["draft_beams"], r["verification"], r["seed"])
+            key = row_key(r)
             if key in seen:
                 raise UserInputError(
                     f"{key} is in both {seen[key]} and {path}; give one of them a prefix (PREFIX:FILE)"
@@ -94,9 +104,9 @@ def complete_settings(rows: list[dict]) -> tuple[list[str], list[tuple[int, int,
             raise UserInputError(
                 f"{o} has seeds {seeds_of[o]} but {labels[0]} has {seeds}; merge whole seed sets"
             )
-    have = {(r["objective"], r["k"], r["draft_beams"], r["verification"], r["seed"]) for r in rows}
-    every = sorted({(r["k"], r["draft_beams"], r["verification"]) for r in rows}, reverse=True)
-    settings = [s for s in every if all((o, *s, seed) in have for o in labels for seed in seeds)]
+    have = index_rows(rows)
+    every = sorted({setting for _, setting, _ in have}, reverse=True)
+    settings = [s for s in every if all((o, s, seed) in have for o in labels for seed in seeds)]
     if not settings:
         raise UserInputError("no (K, N, verification) setting is measured for every label and seed")
     return labels, settings, seeds
@@ -111,12 +121,9 @@ def parse_pair(spec: str, labels: list[str]) -> tuple[str, str]:
 
 def pair_tests(rows: list[dict], pairs: list[tuple[str, str]], settings: list, seeds: list[int]) -> dict:
     """Per setting, each pair's one-sided tests of "A accepts more steps than B"."""
-    by = {(r["objective"], (r["k"], r["draft_beams"], r["verification"]), r["seed"]): r for r in rows}
-    out: dict = {}
-    for key in settings:
-        name = f"k{key[0]}_n{key[1]}_{key[2]}"
-        out[name] = {f"{a}>{b}": more_accepted(by, a, b, key, seeds) for a, b in pairs}
-    return out
+    by = index_rows(rows)
+    tests = {key: {f"{a}>{b}": more_accepted(by, a, b, key, seeds) for a, b in pairs} for key in settings}
+    return {setting_name(key): per_pair for key, per_pair in tests.items()}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -334,11 +334,25 @@ def measure(
     return row
 
 
+def row_key(row: dict) -> tuple[str, tuple[int, int, str], int]:
+    """(label, (K, N, verification), seed): the key every comparison looks a row up by."""
+    return row["objective"], (row["k"], row["draft_beams"], row["verification"]), row["seed"]
+
+
+def index_rows(rows: list[dict]) -> dict[tuple, dict]:
+    return {row_key(r): r for r in rows}
+
+
+def setting_name(key: tuple[int, int, str]) -> str:
+    """(K, N, verification) as the summary names it: k10_n40_strict."""
+    return f"k{key[0]}_n{key[1]}_{key[2]}"
+
+
 def compare(rows: list[dict], objectives: list[str], settings: list[tuple[int, int, str]]) -> dict:
     """Per (K, N, verification) and objective: per-seed AS@K and median; the first AtSpeed objective of
     that verification (AtSpeed-S for strict, AtSpeed-R for relaxed) against the others; relaxed also
     compares Recall@K with the target's sampling beam search (one-sided: is AtSpeed lower?)."""
-    by = {(r["objective"], (r["k"], r["draft_beams"], r["verification"]), r["seed"]): r for r in rows}
+    by = index_rows(rows)
     seeds = sorted({r["seed"] for r in rows})
     out: dict = {}
     for key in settings:
@@ -354,7 +368,7 @@ def compare(rows: list[dict], objectives: list[str], settings: list[tuple[int, i
                 per_k[o]["recall"] = recall_vs_sampling(by, o, key, seeds)
         for o in [o for o in objectives if main is not None and o != main]:
             per_k[o][f"{main}_vs"] = more_accepted(by, main, o, key, seeds)
-        out[f"k{key[0]}_n{key[1]}_{key[2]}"] = per_k
+        out[setting_name(key)] = per_k
     return out
 
 
