@@ -1,7 +1,7 @@
 """The AtSpeed page's ablations (dashboards/atspeed.py, Figure 3 and its table): w/o DR, w/o CA and w/o
-top-K against their full objective with tree attention, and every objective without tree attention (w/o TA)
-against itself with it, at the main N and gamma; pairs matched by seed, with the one-sided paired t-test
-of H1 "the variant is below the full objective".
+top-K (and Table 5's w/ AD, all-step teacher data) against their full objective with tree attention,
+and every objective without tree attention (w/o TA) against itself with it, at the main N and gamma;
+pairs matched by seed, with the one-sided paired t-test of H1 "the variant is below the full objective".
 """
 
 from __future__ import annotations

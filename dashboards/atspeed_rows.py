@@ -23,12 +23,16 @@ LABELS = {
     "atspeed_s": "AtSpeed-S",
     "atspeed_r": "AtSpeed-R",
 }
-# ablated objective -> (full objective, variant name as in the paper's Figure 3)
+# ablated objective -> (full objective, variant name as in the paper's Figure 3 and Table 5)
 ABLATIONS = {
     "atspeed_s-no_dr": ("atspeed_s", "w/o DR"),
     "atspeed_s-no_ca": ("atspeed_s", "w/o CA"),
     "atspeed_r-no_ca": ("atspeed_r", "w/o CA"),
     "atspeed_r-top1": ("atspeed_r", "w/o top-K"),
+    # not an ablation but an addition (Table 5): the same pairing by seed, the same test of "below"
+    "atspeed_s-ad": ("atspeed_s", "w/ AD"),
+    "atspeed_r-ad": ("atspeed_r", "w/ AD"),
+    "seqkd-ad": ("seqkd", "w/ AD"),
 }
 SETTING = ("objective", "verification", "k", "draft_beams", "gamma", "tree_attention")
 # arm_point arguments that change what a row measures without being an axis of the page: rows that

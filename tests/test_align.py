@@ -491,6 +491,7 @@ def test_cli_trains_an_atspeed_s_draft_that_names_its_target(
     assert config["target"] == str(tiny_model_dir.resolve()) and config["objective"] == "atspeed_s"
     assert config["alpha"] == 0.5 and config["teacher_k"] == K and config["teacher_kind"] == "beam"
     flags = {"density_reg": True, "constrained": True, "top1": False, "dr_mode": "weighted"}
+    flags["all_steps"] = False
     assert config["align_flags"] == flags
     hist = config["history"][0]
     assert hist["train_rec_loss"] > 0 and math.isfinite(hist["train_align_loss"])

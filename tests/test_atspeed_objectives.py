@@ -73,9 +73,38 @@ def test_mix_objectives_train_on_the_sft_drafts_mixture(synth_dir, tiny_model_di
     assert len([d for d in models.glob("draft-tiny-atspeed_s-mix-seed1-*") if d.is_dir()]) == 2
 
 
+def test_all_step_objectives_train_on_the_all_step_teacher_file(synth_dir, tiny_model_dir, tmp_path):
+    """`atspeed_s-ad` / `seqkd-ad` / `atspeed_r-ad`: extra teacher files holding every level's beams
+    (beam, and sampled per seed), and drafts whose config says all_steps (so they never share a cache
+    entry with the plain ones)."""
+    models = tmp_path / "models"
+    argv = [
+        "--data", str(synth_dir), "--models-dir", str(models), "--target", str(tiny_model_dir),
+        "--objectives", "atspeed_s", "atspeed_s-ad", "seqkd-ad", "atspeed_r-ad", "--seeds", "1",
+        "--epochs", "1", "--draft-size", "tiny", "--k", "3", "--teacher-k", "3", "--draft-beams", "3",
+        "--gamma", "2", "--users", "2",
+    ]  # fmt: skip
+    result = atspeed_objectives.main(argv)
+    (steps,) = models.glob("teacher-beam-all-k3-shared-*.parquet")
+    (plain,) = models.glob("teacher-beam-k3-shared-*.parquet")
+    assert load_teacher(steps).step_codes is not None and load_teacher(plain).step_codes is None
+    (sampled,) = models.glob("teacher-sample-all-k3-shared-*-seed1.parquet")
+    assert load_teacher(sampled).kind == "sample" and load_teacher(sampled).step_codes is not None
+    names = ("atspeed_s", "atspeed_s-ad", "seqkd-ad", "atspeed_r-ad")
+    dirs = {o: Path(result["training"][1][o]["dir"]) for o in names}
+    configs = {o: json.loads((d / "config.json").read_text()) for o, d in dirs.items()}
+    assert configs["atspeed_s"]["train"]["all_steps"] is False
+    for o in ("atspeed_s-ad", "seqkd-ad"):
+        assert configs[o]["train"]["all_steps"] is True and configs[o]["teacher"] == str(steps.resolve())
+    assert configs["atspeed_r-ad"]["train"]["all_steps"] is True
+    assert configs["atspeed_r-ad"]["teacher"] == str(sampled.resolve())
+    assert len(set(dirs.values())) == 4
+    assert all(r["identical_share"] == 1.0 for r in result["rows"])  # strict stays lossless
+
+
 def test_unknown_mix_objectives_are_refused(synth_dir, tmp_path):
     argv = ["--data", str(synth_dir), "--models-dir", str(tmp_path)]
-    for objectives in (["atspeed_r-mix"], ["wordkd-mix"], ["atspeed_s-literal-mix"]):
+    for objectives in (["atspeed_r-mix"], ["wordkd-mix"], ["atspeed_s-literal-mix"], ["atspeed_s-ad-mix"]):
         with pytest.raises(SystemExit):
             atspeed_objectives.parse_args([*argv, "--objectives", *objectives])
     with pytest.raises(SystemExit):

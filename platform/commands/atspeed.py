@@ -52,6 +52,14 @@ def teacher_command(
             "paper gives no value)."
         ),
     ] = None,
+    all_steps: Annotated[
+        bool,
+        typer.Option(
+            "--all-steps",
+            help="Also store the target's beams after every SID level (the paper's Table 5 'w/ AD' data, "
+            "for `genrec train --all-steps`); with --sampling, the sampled beams; not with --mix-draft.",
+        ),
+    ] = False,
     batch_size: Annotated[int, typer.Option(help="Examples per decode call.")] = 64,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
@@ -75,13 +83,15 @@ def teacher_command(
         target_path=target,
         progress=not quiet,
         mixture=mixture,
+        all_steps=all_steps,
     )
     teacher = load_teacher(path)
     source = str(target)
     if mixture is not None:
         source += f" mixed with draft {mix_draft} (lambda {mixture.mix_lambda})"
+    steps = " (and the beam after every level)" if teacher.step_codes is not None else ""
     typer.echo(
-        f"teacher data: {len(teacher)} examples x top-{teacher.k} {teacher.kind} SIDs of {source} "
+        f"teacher data: {len(teacher)} examples x top-{teacher.k} {teacher.kind} SIDs{steps} of {source} "
         f"on {ds.manifest.name} -> {path}"
     )
 

@@ -76,6 +76,14 @@ def train_command(
     top1: Annotated[
         bool, typer.Option("--top1", help="Ablation w/o top-K: align on the teacher's top-1 SID only.")
     ] = False,
+    all_steps: Annotated[
+        bool,
+        typer.Option(
+            "--all-steps",
+            help="seqkd / atspeed_s / atspeed_r: also align on the target's beam after every SID level "
+            "(the paper's Table 5 'w/ AD'); needs a teacher file built with --all-steps.",
+        ),
+    ] = False,
     quiet: Annotated[
         bool, typer.Option("--quiet", help="No progress bar or per-epoch lines; the summary still prints.")
     ] = False,
@@ -112,6 +120,7 @@ def train_command(
         no_dr=no_dr,
         no_ca=no_ca,
         top1=top1,
+        all_steps=all_steps,
     )
     result = train(data, out, cfg, progress=not quiet)
     typer.echo(

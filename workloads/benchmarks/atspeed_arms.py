@@ -3,7 +3,9 @@
 An arm is a draft objective (how the draft was trained) plus a verification:
 
     objective   sft | wordkd | seqkd | tvdkd | atspeed_s | atspeed_r, and the ablations
-                atspeed_s-no_dr, atspeed_s-no_ca, atspeed_r-no_ca, atspeed_r-top1
+                atspeed_s-no_dr, atspeed_s-no_ca, atspeed_r-no_ca, atspeed_r-top1, and
+                atspeed_s-ad / atspeed_r-ad / seqkd-ad (also the target's beams after every level:
+                Table 5's w/ AD)
     verification strict (Algorithm 1; WS against the target's beam search at beam K) or
                 relaxed (Algorithm 2; quality against the target's sampling beam search)
 
@@ -47,6 +49,9 @@ OBJECTIVES: dict[str, tuple[str, dict]] = {
     "atspeed_s-no_ca": ("atspeed_s", {"no_ca": True}),
     "atspeed_r-no_ca": ("atspeed_r", {"no_ca": True}),
     "atspeed_r-top1": ("atspeed_r", {"top1": True}),
+    "atspeed_s-ad": ("atspeed_s", {"all_steps": True}),
+    "atspeed_r-ad": ("atspeed_r", {"all_steps": True}),
+    "seqkd-ad": ("seqkd", {"all_steps": True}),
 }
 VERIFICATIONS = ("strict", "relaxed")
 NEEDS_TEACHER = ("seqkd", "atspeed_s", "atspeed_r")
@@ -67,6 +72,7 @@ def ensure_teacher(
     device: str,
     mix_draft: Path | None = None,
     mix_lambda: float = 0.5,
+    all_steps: bool = False,
 ) -> Path:
     """Build the teacher file once (locked: concurrent trials wait for the first). With `mix_draft`,
     the beam top-K of its mixture with the target (weight `mix_lambda` on the target; the paper's D');
@@ -90,8 +96,14 @@ def ensure_teacher(
                 target_path=target_dir,
                 progress=False,
                 mixture=mixture,
+                all_steps=all_steps,
             )
     return out
+
+
+def teacher_steps(objective: str) -> bool:
+    """Whether the objective trains on all-step teacher data (its file also holds every level's beam)."""
+    return bool(OBJECTIVES[objective][1].get("all_steps"))
 
 
 def train_config(objective: str, size: str, seed: int, common: dict, **extra) -> TrainConfig:
@@ -123,10 +135,11 @@ def prepare_models(
     if objective != "sft":
         extra = {"target": str(target_dir), "alpha": alpha}
     if OBJECTIVES[objective][0] in NEEDS_TEACHER:
-        sampling = OBJECTIVES[objective][0] == "atspeed_r"
-        name = f"teacher-{'sample' if sampling else 'beam'}-k{teacher_k}-{target_dir.name}.parquet"
+        sampling, steps = OBJECTIVES[objective][0] == "atspeed_r", teacher_steps(objective)
+        kind = ("sample" if sampling else "beam") + ("-all" if steps else "")
+        out = Path(models_dir) / f"teacher-{kind}-k{teacher_k}-{target_dir.name}.parquet"
         extra["teacher"] = str(
-            ensure_teacher(target_dir, data, Path(models_dir) / name, teacher_k, sampling, seed, device)
+            ensure_teacher(target_dir, data, out, teacher_k, sampling, seed, device, None, 0.5, steps)
         )
     draft_cfg = train_config(objective, draft_size, seed, common, **extra)
     fields = asdict(draft_cfg)

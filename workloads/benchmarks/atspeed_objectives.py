@@ -30,6 +30,10 @@ is not rebuilt as that draft changes. The mixture teacher file's name carries la
 lambda and the target's and the SFT draft's paths (each path a hash of its configuration), so no
 stale file is reused.
 
+`atspeed_s-ad`, `atspeed_r-ad` and `seqkd-ad` train on all-step teacher data (the paper's Table 5
+"w/ AD": the target's beams after every level as well as its final top-K; training/align_all_steps.py),
+from extra teacher files (`teacher-beam-all-...`, `teacher-sample-all-...`); they take no -mix.
+
 `<objective>@<alpha>` (`seqkd@0.7`, `atspeed_s-mix@0.3`) trains that objective with its own alignment
 weight instead of --alpha, so one run can hold each method at its best alpha, or one method at
 several. The label only names the rows; the cached draft is found by its configuration, so a draft
@@ -56,6 +60,7 @@ from genrec.workloads.benchmarks.atspeed_arms import (
     cached_dir,
     ensure_teacher,
     summarise,
+    teacher_steps,
     time_pair,
     train_config,
 )
@@ -110,7 +115,8 @@ def known_objective(objective: str) -> bool:
     name = split_alpha(objective)[0]
     if name.endswith(MIX):
         base = name.removesuffix(MIX)
-        return base in OBJECTIVES and OBJECTIVES[base][0] in MIXABLE
+        # the mixture file holds the final top-K only, not every level's beam
+        return base in OBJECTIVES and OBJECTIVES[base][0] in MIXABLE and not teacher_steps(base)
     return name in OBJECTIVES or name == LITERAL
 
 
@@ -174,7 +180,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     except UserInputError as e:
         p.error(str(e))
     if unknown:
-        mixed = [f"{o}{MIX}" for o, (trainer, _) in OBJECTIVES.items() if trainer in MIXABLE]
+        mixed = [f"{o}{MIX}" for o in OBJECTIVES if known_objective(f"{o}{MIX}")]
         p.error(f"unknown objectives {unknown}; choose from {[*OBJECTIVES, LITERAL, *mixed]}")
     try:
         check_mix_lambda(args.mix_lambda)
@@ -236,10 +242,13 @@ def seed_target(args: argparse.Namespace, seed: int, common: dict) -> tuple[Path
     return target_dir, train_timed(args.data, target_dir, target_cfg, progress=not args.quiet)
 
 
-def teacher_path(args: argparse.Namespace, target_dir: Path, sampling: bool, seed: int) -> Path:
-    """Where the target's teacher file is cached: one beam file per target; with a shared --target
-    one sampling file per seed (the sampled SIDs depend on it), named after the target's path."""
-    kind = "sample" if sampling else "beam"
+def teacher_path(
+    args: argparse.Namespace, target_dir: Path, sampling: bool, seed: int, all_steps: bool = False
+) -> Path:
+    """Where the target's teacher file is cached: one beam file (and one with every level's beam) per
+    target; with a shared --target one sampling file per seed (the sampled SIDs depend on it), named
+    after the target's path."""
+    kind = ("sample" if sampling else "beam") + ("-all" if all_steps else "")
     if args.target is None:
         return Path(args.models_dir) / f"teacher-{kind}-k{args.teacher_k}-{target_dir.name}.parquet"
     tag = hashlib.sha256(str(target_dir).encode()).hexdigest()[:10]
@@ -272,9 +281,12 @@ def seed_teacher(args: argparse.Namespace, objective: str, target_dir: Path, see
         return ensure_teacher(
             target_dir, args.data, out, args.teacher_k, False, seed, args.device, q, args.mix_lambda
         )
-    sampling = OBJECTIVES[base_objective(objective)][0] == "atspeed_r"
-    out = teacher_path(args, target_dir, sampling, seed)
-    return ensure_teacher(target_dir, args.data, out, args.teacher_k, sampling, seed, args.device)
+    base = base_objective(objective)
+    sampling, steps = OBJECTIVES[base][0] == "atspeed_r", teacher_steps(base)
+    out = teacher_path(args, target_dir, sampling, seed, steps)
+    return ensure_teacher(
+        target_dir, args.data, out, args.teacher_k, sampling, seed, args.device, None, 0.5, steps
+    )
 
 
 def prepare_seed(args: argparse.Namespace, seed: int) -> tuple[Path, dict[str, dict]]:

@@ -19,6 +19,7 @@ import torch
 from genrec.workloads.constraints.backend import MaskBackend
 from genrec.workloads.decoding.base import DecoderContext, DecodeResult, PhaseTimer, register_decoder
 from genrec.workloads.decoding.beam_core import (
+    BeamSearchOutput,
     BeamSelector,
     GumbelSelector,
     finish_beams,
@@ -35,15 +36,26 @@ class BeamSampleParams(BeamParams):
     seed: int = 0  # the sampling noise of one decode call (rows draw independently)
 
 
+@dataclass
+class BackboneSearch:
+    """One backbone beam search, before its top k is finished for users (`finish_backbone_search`)."""
+
+    output: BeamSearchOutput  # every level's choices too (`beam_core.level_beams`)
+    scorer: BackboneScorer
+    timer: PhaseTimer  # system / prefill / decode
+    inner: PhaseTimer  # the processors' phases inside decode
+
+
 @torch.no_grad()
-def backbone_beam_search(
+def run_backbone_search(
     ctx: DecoderContext,
     histories: list[list[int]],
     params: BeamParams,
     mask: MaskBackend | None,
     select: BeamSelector = select_beams,
-) -> DecodeResult:
-    """Beam search with the cached backbone; `mask` (if any) constrains every level."""
+) -> BackboneSearch:
+    """Prefill, then the beam core over every SID level with the cached backbone as scorer; `mask`
+    (if any) constrains every level."""
     timer = PhaseTimer(ctx.device)
     codec, w = ctx.codec, params.beam_width
     with timer.phase("system"):
@@ -55,14 +67,34 @@ def backbone_beam_search(
     inner = PhaseTimer(ctx.device)
     with timer.phase("decode"):
         res = run_beam_search(scorer, processors, tokens.shape[0], w, codec.levels, ctx.device, inner, select)
+    return BackboneSearch(res, scorer, timer, inner)
+
+
+def finish_backbone_search(
+    ctx: DecoderContext, search: BackboneSearch, params: BeamParams, constrained: bool
+) -> DecodeResult:
+    """The search's top k as a DecodeResult, with its phase timings and counters."""
+    timer = search.timer
     with timer.phase("system"):
-        top = finish_beams(ctx, res.codes, res.scores, params.k)
+        top = finish_beams(ctx, search.output.codes, search.output.scores, params.k)
     timings = dict(timer.ms)
-    timings["decode_forward"] = scorer.forward_ms  # model time inside decode; the rest is search overhead
-    if mask is not None:
-        timings["decode_mask"] = inner.ms.get("mask", 0.0)  # constraint masking + state advance
-    counters = {"model_calls": scorer.calls, "beams": w, "missing": top.missing}
+    timings["decode_forward"] = search.scorer.forward_ms  # model time inside decode; the rest is overhead
+    if constrained:
+        timings["decode_mask"] = search.inner.ms.get("mask", 0.0)  # constraint masking + state advance
+    counters = {"model_calls": search.scorer.calls, "beams": params.beam_width, "missing": top.missing}
     return DecodeResult(top.codes, top.scores, top.item_ids, top.valid, timings, counters)
+
+
+def backbone_beam_search(
+    ctx: DecoderContext,
+    histories: list[list[int]],
+    params: BeamParams,
+    mask: MaskBackend | None,
+    select: BeamSelector = select_beams,
+) -> DecodeResult:
+    """Beam search with the cached backbone; `mask` (if any) constrains every level."""
+    search = run_backbone_search(ctx, histories, params, mask, select)
+    return finish_backbone_search(ctx, search, params, mask is not None)
 
 
 @register_decoder

@@ -296,6 +296,22 @@ def run_beam_search(
     return BeamSearchOutput(codes, scores, states, choices)
 
 
+def level_beams(choices: list[LevelChoice]) -> list[tuple[Tensor, Tensor]]:
+    """The beams kept after each level of a search started at level 0: for level l, (codes
+    [B, W, l + 1], scores [B, W]), best first, rebuilt from the choices as the search built them
+    (codes are arbitrary where the score is -inf). The last entry is the search's output."""
+    if not choices:
+        return []
+    batch = choices[0].code.shape[0]
+    codes = choices[0].code.new_zeros(batch, 1, 0)
+    out = []
+    for level, choice in enumerate(choices):
+        kept = codes.gather(1, choice.parent[..., None].expand(-1, -1, level))
+        codes = torch.cat([kept, choice.code[..., None]], dim=2)
+        out.append((codes, choice.scores))
+    return out
+
+
 def replay_processors(
     processors: list[LevelProcessor], codes: Tensor, codebook_sizes: tuple[int, ...]
 ) -> list[Any]:

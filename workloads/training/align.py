@@ -44,6 +44,7 @@ from genrec.workloads.models.checkpoint import load_checkpoint
 from genrec.workloads.models.inputs import build_training_batch, max_prompt_len
 from genrec.workloads.models.transformer import GRTransformer
 from genrec.workloads.sid_codec import SIDCodec
+from genrec.workloads.training.align_all_steps import all_step_sequences
 from genrec.workloads.training.align_sequence_batch import (
     SequenceBatch,
     build_sequence_batch,
@@ -108,6 +109,7 @@ class AlignFlags:
     constrained: bool = True  # False: w/o CA (whole vocabulary, eq. 3)
     top1: bool = False  # True: w/o top-K (the teacher's top-1 SID only)
     dr_mode: str = "weighted"  # "literal": eq. 4's density term as printed (collapses; an ablation)
+    all_steps: bool = False  # w/ AD: the target's beam after every level too (align_all_steps.py)
 
     def __post_init__(self) -> None:
         if self.dr_mode not in DR_MODES:
@@ -158,7 +160,7 @@ class AlignObjective:
             raise ValueError(f"{kind} needs teacher data")
         self.kind, self.alpha, self.flags = kind, alpha, flags
         self.model, self.target, self.teacher = model, target, teacher
-        self.codec, self.item_tokens, self.windows = codec, item_tokens, windows
+        self.codec, self.item_tokens, self.item_codes, self.windows = codec, item_tokens, item_codes, windows
         self.max_items, self.device, self.autocast = max_items, device, autocast
         self.prefixes = ItemIndex(codec, item_codes, device).prefix_sets() if teacher is not None else None
         self.parts: dict[str, list[float]] = {"rec": [], "align": []}
@@ -198,25 +200,35 @@ class AlignObjective:
         assert self.teacher is not None and self.prefixes is not None
         k = self.teacher.k
         n_align = 1 if self.flags.top1 else k
-        # AtSpeed-S needs the K-th SID (y_K) even when it aligns on the top-1 only
-        n_forward = k if self.kind == "atspeed_s" else n_align
-        codes = torch.as_tensor(self.teacher.codes[batch_idx, :n_forward], device=self.device)
+        weight = kth = None
+        if self.flags.all_steps:
+            assert self.teacher.step_codes is not None
+            seqs = all_step_sequences(
+                self.teacher.codes[batch_idx], self.teacher.step_codes[batch_idx], self.item_codes,
+                self.codec, n_align, self.device,
+            )  # fmt: skip
+            codes, weight, kth = seqs.codes, seqs.weight, seqs.kth
+        else:
+            # AtSpeed-S needs the K-th SID (y_K) even when it aligns on the top-1 only
+            n_forward = k if self.kind == "atspeed_s" else n_align
+            codes = torch.as_tensor(self.teacher.codes[batch_idx, :n_forward], device=self.device)
         prompts = [self.teacher.prompts[i] for i in batch_idx]
         batch = build_sequence_batch(
             prompts, codes, self.item_tokens, self.codec, self.max_items, self.device
         )
         draft = sequence_logits(self.model, batch, self.autocast)
         if self.kind == "seqkd":
-            return seqkd_loss(draft, batch.sid_tokens)
+            return seqkd_loss(draft, batch.sid_tokens, weight)
         with torch.no_grad():
             target = sequence_logits(self.target, batch, self.autocast)
         allowed = valid_token_mask(codes, self.codec, self.prefixes) if self.flags.constrained else None
         support = alignment_support(draft, allowed, k)
         if self.kind == "atspeed_s":
             return atspeed_s_loss(
-                draft, target, batch.sid_tokens, support, n_align, self.flags.density_reg, self.flags.dr_mode
-            )
-        return atspeed_r_loss(draft, target, support, n_align)
+                draft, target, batch.sid_tokens, support, n_align, self.flags.density_reg, self.flags.dr_mode,
+                weight, kth,
+            )  # fmt: skip
+        return atspeed_r_loss(draft, target, support, n_align, weight)
 
     def epoch_parts(self) -> dict[str, float]:
         """Mean L_rec and L_align over the steps since the last call (for the training history)."""
@@ -258,7 +270,14 @@ def prepare_alignment(
         teacher = load_teacher(cfg.teacher)
         check_teacher_matches(teacher, list(windows), ds.codec, ds.item_codes(), cfg.max_items, cfg.target)
         target_path = target_path or teacher.manifest.get("target", "")  # SeqKD may name it via the file
-    flags = AlignFlags(density_reg=not cfg.no_dr, constrained=not cfg.no_ca, top1=cfg.top1)
+    if cfg.all_steps and teacher is not None and teacher.step_codes is None:
+        raise UserInputError(
+            f"{cfg.teacher}: built without the target's beam after every level, which --all-steps "
+            "aligns on; rebuild it with `genrec atspeed teacher --all-steps`"
+        )
+    flags = AlignFlags(
+        density_reg=not cfg.no_dr, constrained=not cfg.no_ca, top1=cfg.top1, all_steps=cfg.all_steps
+    )
     objective = AlignObjective(
         cfg.objective, cfg.alpha, flags, model, target, teacher, ds.codec, item_tokens, ds.item_codes(),
         windows, cfg.max_items, device, autocast,

@@ -41,6 +41,7 @@ from torch import Tensor
 
 from genrec.workloads.decoding.prefix_keys import PrefixKeySets
 from genrec.workloads.sid_codec import SIDCodec
+from genrec.workloads.training.align_all_steps import own_token_log_probs, sequence_mean
 
 NEG_INF = float("-inf")
 DR_MODES = ("weighted", "literal")  # AtSpeed-S's density term; see the module doc
@@ -48,14 +49,18 @@ DR_MODES = ("weighted", "literal")  # AtSpeed-S's density term; see the module d
 ATSPEED_S_READING = "weighted-dr-mean-over-sids-v2"
 
 
-def seqkd_loss(draft_logits: Tensor, sid_tokens: Tensor) -> Tensor:
+def seqkd_loss(draft_logits: Tensor, sid_tokens: Tensor, weight: Tensor | None = None) -> Tensor:
     """SeqKD: mean over (example, teacher SID, level) of -log q(y_t | c_<t), full-vocabulary softmax.
 
     draft_logits [B, K, L, V] predict sid_tokens [B, K, L] (teacher forcing); the next-item loss of
-    eq. 37 with the teacher's SIDs as targets.
+    eq. 37 with the teacher's SIDs as targets. `weight` [B, K, L] (all-step data, align_all_steps.py)
+    makes it the mean over the counted levels only.
     """
     v = draft_logits.shape[-1]
-    return F.cross_entropy(draft_logits.float().reshape(-1, v), sid_tokens.reshape(-1))
+    if weight is None:
+        return F.cross_entropy(draft_logits.float().reshape(-1, v), sid_tokens.reshape(-1))
+    ce = F.cross_entropy(draft_logits.float().reshape(-1, v), sid_tokens.reshape(-1), reduction="none")
+    return (ce * weight.reshape(-1)).sum() / weight.sum().clamp(min=1.0)
 
 
 def valid_token_mask(codes: Tensor, codec: SIDCodec, prefixes: PrefixKeySets) -> Tensor:
@@ -134,6 +139,8 @@ def atspeed_s_loss(
     n_align: int | None = None,
     density_reg: bool = True,
     dr_mode: str = "weighted",
+    weight: Tensor | None = None,
+    kth: Tensor | None = None,
 ) -> Tensor:
     """AtSpeed-S alignment loss, eq. 4 as read in the module doc (derivation: appendix A.2.2):
 
@@ -144,19 +151,30 @@ def atspeed_s_loss(
     first; the K-th is y_K). support [B, K, L, V] is V_c (`alignment_support`); q', p' are the two
     softmaxes renormalised over it. The first `n_align` SIDs (default K; 1 for w/o top-K) form Y;
     `density_reg` False drops the entropy term (w/o DR); `dr_mode="literal"` uses eq. 4's density term
-    as printed (see `atspeed_s_level_loss`).
+    as printed (see `atspeed_s_level_loss`). All-step data (align_all_steps.py) passes `weight`
+    [B, S, L] (which levels of which sequences count; replaces n_align) and `kth` [S] (each sequence's
+    y_K) for the S sequences of its groups.
     """
     k = draft_logits.shape[1]
     n_align = k if n_align is None else n_align
     lq, lq0 = _support_log_probs(draft_logits, support)
     _, lp0 = _support_log_probs(target_logits, support)
-    log_w = density_log_weight(target_logits, sid_tokens)[:, None, :]  # [B, 1, L]
+    if kth is None:
+        log_w = density_log_weight(target_logits, sid_tokens)[:, None, :]  # [B, 1, L]
+    else:
+        log_w = own_token_log_probs(target_logits, sid_tokens)[:, kth]  # [B, S, L]
     per_level = atspeed_s_level_loss(lq, lq0, lp0, log_w, density_reg, dr_mode)  # [B, K, L]
+    if weight is not None:
+        return sequence_mean(per_level, weight)
     return per_level[:, :n_align].mean(-1).mean()
 
 
 def atspeed_r_loss(
-    draft_logits: Tensor, target_logits: Tensor, support: Tensor, n_align: int | None = None
+    draft_logits: Tensor,
+    target_logits: Tensor,
+    support: Tensor,
+    n_align: int | None = None,
+    weight: Tensor | None = None,
 ) -> Tensor:
     """AtSpeed-R alignment loss, eq. 8 (from eq. 6-7: maximise the acceptance 1 - TVD):
 
@@ -164,11 +182,13 @@ def atspeed_r_loss(
         TVD(p', q') = 1/2 sum_{v in V_c} |p'(v) - q'(v)|
 
     with D' the (prompt, teacher SID) pairs of the first `n_align` SIDs per example (default all K).
-    Shapes as in `atspeed_s_loss`.
+    Shapes and `weight` (all-step data) as in `atspeed_s_loss`.
     """
     k = draft_logits.shape[1]
     n_align = k if n_align is None else n_align
     lq, _ = _support_log_probs(draft_logits, support)
     lp, _ = _support_log_probs(target_logits, support)
     tvd = 0.5 * (lp.exp() - lq.exp()).abs().sum(-1)  # [B, K, L]
+    if weight is not None:
+        return sequence_mean(tvd, weight)
     return tvd[:, :n_align].mean(-1).mean()

@@ -36,6 +36,10 @@ File layout: one row per example, in example order,
 and the manifest (target path, dataset, k, kind, seed, batch size, max_items, codec; for a mixture its
 draft and lambda) as JSON in the Parquet schema metadata under `genrec.teacher`. Written to a
 temporary sibling, then renamed.
+
+All steps (`all_steps`, kinds "beam" and "sample"): the manifest's `all_steps` is true and a `step_codes`
+column holds the target's beam after every level but the last (teacher_steps.py, the paper's Table 5
+"w/ AD"); files without the key have no such column and load as before.
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ from genrec.workloads.models.inputs import training_windows
 from genrec.workloads.progress import bar_enabled
 from genrec.workloads.sid_codec import SIDCodec
 from genrec.workloads.training.align_sequence_batch import teacher_forced_log_probs
+from genrec.workloads.training.teacher_steps import STEP_COLUMN, beam_with_steps, read_step_codes
 
 MANIFEST_KEY = b"genrec.teacher"
 FORMAT = "genrec-atspeed-teacher"
@@ -102,6 +107,8 @@ class TeacherData:
     target_item: np.ndarray  # [N]
     codes: np.ndarray  # [N, K, L] int64, best first
     logprobs: np.ndarray  # [N, K] float64
+    # [N, L - 1, K, L] the target's beam after each level but the last (teacher_steps.py), or None
+    step_codes: np.ndarray | None = None
 
     @property
     def k(self) -> int:
@@ -154,16 +161,20 @@ def build_teacher_data(
     target_path: str | os.PathLike = "",
     progress: bool = True,
     mixture: TeacherMixture | None = None,
+    all_steps: bool = False,
 ) -> Path:
     """Decode every training example with the target (or the mixture) and write the teacher file.
 
     `max_items` is the draft's prompt window (default: the target's); it may not exceed the
-    target's, or the target would see a shorter history than the draft is trained on.
+    target's, or the target would see a shorter history than the draft is trained on. `all_steps`
+    also stores the target's beams after every level (not for a mixture; teacher_steps.py).
     """
     out_path = Path(out_path)
     max_items = target_ctx.max_items if max_items is None else max_items
     check_build_args(target_ctx, dataset, k, out_path, batch_size, max_items)
     check_mixture_kind(mixture, sampling)
+    if all_steps and mixture is not None:
+        raise UserInputError("--all-steps stores the target's own beams after every level; drop --mix-draft")
     examples = teacher_examples(dataset, max_items)
     if not examples:
         raise UserInputError(
@@ -172,17 +183,24 @@ def build_teacher_data(
         )
     kind = "mixture" if mixture is not None else "sample" if sampling else "beam"
     ctx = mixture_context(target_ctx, mixture.mix_lambda) if mixture is not None else target_ctx
-    codes, logprobs = [], []
-    for chunk, top, scores in decode_batches(ctx, examples, k, kind, seed, batch_size, progress):
+    codes, logprobs, steps = [], [], []
+    batches = decode_batches(ctx, examples, k, kind, seed, batch_size, progress, all_steps)
+    for chunk, top, scores, step in batches:
         if mixture is not None:  # the logprobs column means "under the target" for every kind
             top, scores = best_first(top, target_log_probs(target_ctx, chunk, top, max_items))
         codes.append(top)
         logprobs.append(scores)
+        steps.append(step)
     manifest = teacher_manifest(dataset, target_path, k, kind, seed, batch_size, max_items, len(examples))
     if mixture is not None:
         draft = str(Path(mixture.draft_path).resolve()) if mixture.draft_path else ""
         manifest.update(mix_draft=draft, mix_lambda=mixture.mix_lambda)
-    table = teacher_table(examples, np.concatenate(codes), np.concatenate(logprobs), kind, manifest)
+    if all_steps:
+        manifest["all_steps"] = True
+    step_codes = np.concatenate(steps) if all_steps else None
+    table = teacher_table(
+        examples, np.concatenate(codes), np.concatenate(logprobs), kind, manifest, step_codes
+    )
     return write_parquet_atomic(table, out_path)
 
 
@@ -221,9 +239,11 @@ def decode_batches(
     seed: int,
     batch_size: int,
     progress: bool,
-) -> Iterator[tuple[list[TeacherExample], np.ndarray, np.ndarray]]:
-    """(examples, codes [B, K, L], scores [B, K]) per batch of `ctx`'s constrained top-K at beam K:
-    beam search, or sampling beam search seeded `seed + batch number` for kind "sample"."""
+    all_steps: bool = False,
+) -> Iterator[tuple[list[TeacherExample], np.ndarray, np.ndarray, np.ndarray | None]]:
+    """(examples, codes [B, K, L], scores [B, K], steps) per batch of `ctx`'s constrained top-K at
+    beam K: beam search, or sampling beam search seeded `seed + batch number` for kind "sample";
+    `steps` the beam after every level ([B, L - 1, K, L], teacher_steps.py) with `all_steps`, else None."""
     sampling = kind == "sample"
     decoder = get_decoder("beam_sample" if sampling else "beam")
     base = {"beam_width": k, "k": k, "constraint": "all"}
@@ -237,8 +257,14 @@ def decode_batches(
     )
     for number, start in enumerate(bar):
         chunk = examples[start : start + batch_size]
-        params = make_params(decoder, {**base, "seed": seed + number} if sampling else base)
-        res = decoder.decode(ctx, [ex.prompt for ex in chunk], params)
+        steps = None
+        if all_steps:
+            res, steps = beam_with_steps(
+                ctx, [ex.prompt for ex in chunk], k, seed + number if sampling else None
+            )
+        else:
+            params = make_params(decoder, {**base, "seed": seed + number} if sampling else base)
+            res = decoder.decode(ctx, [ex.prompt for ex in chunk], params)
         valid = res.valid.cpu().numpy()
         if not valid.all():
             row = chunk[int(np.argwhere(~valid.all(axis=1))[0, 0])].index
@@ -247,7 +273,7 @@ def decode_batches(
                 f"the {who} returned fewer than {k} catalogue items for example {row}; lower --k"
             )
         codes = res.codes.cpu().numpy().astype(np.int64)
-        yield chunk, codes, res.scores.float().cpu().numpy().astype(np.float64)
+        yield chunk, codes, res.scores.float().cpu().numpy().astype(np.float64), steps
 
 
 def target_log_probs(
@@ -293,22 +319,31 @@ def check_build_args(
 
 
 def teacher_table(
-    examples: list[TeacherExample], codes: np.ndarray, logprobs: np.ndarray, kind: str, manifest: dict
+    examples: list[TeacherExample],
+    codes: np.ndarray,
+    logprobs: np.ndarray,
+    kind: str,
+    manifest: dict,
+    step_codes: np.ndarray | None = None,
 ) -> pa.Table:
     n, k, levels = codes.shape
     if n != len(examples) or logprobs.shape != (n, k):
         raise ValueError(f"{len(examples)} examples but codes {codes.shape} and logprobs {logprobs.shape}")
-    table = pa.table(
-        {
-            "example": pa.array([ex.index for ex in examples], pa.int64()),
-            "user_id": pa.array([ex.user_id for ex in examples], pa.int64()),
-            "prompt": pa.array([ex.prompt for ex in examples], pa.list_(pa.int64())),
-            "target_item": pa.array([ex.target_item for ex in examples], pa.int64()),
-            "codes": _lists(_lists(pa.array(codes.reshape(-1), pa.int64()), levels), k),
-            "logprobs": _lists(pa.array(logprobs.reshape(-1), pa.float64()), k),
-            "kind": pa.array([kind] * n, pa.string()),
-        }
-    )
+    columns = {
+        "example": pa.array([ex.index for ex in examples], pa.int64()),
+        "user_id": pa.array([ex.user_id for ex in examples], pa.int64()),
+        "prompt": pa.array([ex.prompt for ex in examples], pa.list_(pa.int64())),
+        "target_item": pa.array([ex.target_item for ex in examples], pa.int64()),
+        "codes": _lists(_lists(pa.array(codes.reshape(-1), pa.int64()), levels), k),
+        "logprobs": _lists(pa.array(logprobs.reshape(-1), pa.float64()), k),
+        "kind": pa.array([kind] * n, pa.string()),
+    }
+    if step_codes is not None:
+        if step_codes.shape != (n, levels - 1, k, levels):
+            raise ValueError(f"step codes {step_codes.shape}, expected {(n, levels - 1, k, levels)}")
+        flat = pa.array(step_codes.reshape(-1), pa.int64())
+        columns[STEP_COLUMN] = _lists(_lists(_lists(flat, levels), k), levels - 1)
+    table = pa.table(columns)
     return table.replace_schema_metadata({MANIFEST_KEY: json.dumps(manifest, sort_keys=True).encode()})
 
 
@@ -379,6 +414,7 @@ def load_teacher(path: str | os.PathLike) -> TeacherData:
         target_item=table.column("target_item").to_numpy(),
         codes=inner.flatten().to_numpy().astype(np.int64).reshape(n, k, levels),
         logprobs=lp_col.flatten().to_numpy().astype(np.float64).reshape(n, k),
+        step_codes=read_step_codes(table, n, k, levels, path) if manifest.get("all_steps") else None,
     )
 
 

@@ -83,6 +83,7 @@ class TrainConfig:
     no_dr: bool = False  # AtSpeed-S w/o DR
     no_ca: bool = False  # w/o CA: align over the whole vocabulary (eq. 3)
     top1: bool = False  # w/o top-K: the teacher's top-1 SID only
+    all_steps: bool = False  # w/ AD: the target's beam after every level too (Table 5; align_all_steps.py)
 
     def validate(self) -> None:
         problems = []
@@ -130,6 +131,9 @@ class TrainConfig:
         if self.top1 and o not in SEQUENCE_OBJECTIVES:
             names = " / ".join(SEQUENCE_OBJECTIVES)
             problems.append(f"--top1 (w/o top-K) applies to --objective {names} only")
+        if self.all_steps and o not in SEQUENCE_OBJECTIVES:
+            names = " / ".join(SEQUENCE_OBJECTIVES)
+            problems.append(f"--all-steps (w/ AD) applies to --objective {names} only")
         return problems
 
 
