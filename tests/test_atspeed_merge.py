@@ -117,4 +117,4 @@ def test_missing_or_foreign_files_say_what_is_wanted(tmp_path):
         atspeed_merge.main([str(tmp_path / "y.json")])  # a row without the fields it is looked up by
     cmd = [sys.executable, "-m", "genrec.workloads.benchmarks.atspeed_merge", str(tmp_path / "none.json")]
     done = subprocess.run(cmd, capture_output=True, text=True)
-    assert done.returncode == 1 and "error:" in done.stderr and "Traceback" not in done.stderr
+    assert done.returncode == 2 and "error:" in done.stderr and "Traceback" not in done.stderr

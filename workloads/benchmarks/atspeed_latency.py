@@ -30,7 +30,7 @@ import torch
 
 from genrec.workloads.decoding.base import DecoderContext, DecodeResult, get_decoder, make_params
 from genrec.workloads.decoding.beam_core import finish_beams
-from genrec.workloads.errors import UserInputError
+from genrec.workloads.errors import UserInputError, run_main
 from genrec.workloads.evaluation import load_context
 from genrec.workloads.results import benchmark_summary
 
@@ -227,7 +227,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except UserInputError as e:
-        raise SystemExit(f"error: {e}") from None
+    run_main(main)

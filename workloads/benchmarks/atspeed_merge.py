@@ -31,7 +31,7 @@ from genrec.workloads.benchmarks.atspeed_objectives import (
     row_key,
     setting_name,
 )
-from genrec.workloads.errors import UserInputError
+from genrec.workloads.errors import UserInputError, run_main
 from genrec.workloads.io import atomic_write_text
 
 # a run's options that must agree for its rows to be comparable with another run's
@@ -158,7 +158,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except UserInputError as e:  # bad input: the message, not a traceback
-        raise SystemExit(f"error: {e}") from None
+    run_main(main)

@@ -66,7 +66,7 @@ from genrec.workloads.benchmarks.atspeed_arms import (
 )
 from genrec.workloads.benchmarks.nezha_arms import ensure_trained
 from genrec.workloads.decoding.mixture_model import check_mix_lambda
-from genrec.workloads.errors import UserInputError
+from genrec.workloads.errors import UserInputError, run_main
 from genrec.workloads.io import atomic_write_text
 from genrec.workloads.metrics import paired_permutation_test, paired_t_test_less
 from genrec.workloads.training.align import ATSPEED_S_READING
@@ -479,4 +479,4 @@ def print_summary(summary: dict) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

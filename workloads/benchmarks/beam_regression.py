@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from genrec.workloads.decoding.base import DecoderContext, get_decoder, make_params
-from genrec.workloads.errors import UserInputError
+from genrec.workloads.errors import UserInputError, run_main
 from genrec.workloads.models.transformer import GRTransformer, model_config_for
 from genrec.workloads.results import benchmark_summary
 from genrec.workloads.sid_codec import SIDCodec
@@ -154,7 +154,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except UserInputError as e:
-        raise SystemExit(f"error: {e}") from None
+    run_main(main)

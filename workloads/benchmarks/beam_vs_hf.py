@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from genrec.workloads.decoding.base import DecoderContext, get_decoder, make_params
-from genrec.workloads.errors import UserInputError
+from genrec.workloads.errors import UserInputError, run_main
 from genrec.workloads.evaluation import load_context
 from genrec.workloads.models.hf_bridge import DEFAULT_ATTN, REAL_SCORE, hf_beam_search, to_hf_llama
 from genrec.workloads.results import current_environment
@@ -266,4 +266,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

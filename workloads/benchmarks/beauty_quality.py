@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from genrec.workloads.benchmarks.seeded_training import add_training_arguments, train_config, write_summary
+from genrec.workloads.errors import run_main
 from genrec.workloads.evaluation import EvalConfig, evaluate, load_context
 from genrec.workloads.metrics import paired_permutation_test, user_metric_vector
 from genrec.workloads.training.trainer import train
@@ -99,4 +100,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -27,7 +27,7 @@ import torch
 
 from genrec.workloads.decoding import mtp as _mtp  # noqa: F401  (registers nezha)
 from genrec.workloads.decoding.base import DecoderContext, DecodeResult, get_decoder, make_params
-from genrec.workloads.errors import UserInputError
+from genrec.workloads.errors import UserInputError, run_main
 from genrec.workloads.models.nezha_head import HeadConfig, build_head
 from genrec.workloads.models.transformer import GRTransformer, model_config_for
 from genrec.workloads.results import benchmark_summary
@@ -155,7 +155,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except UserInputError as e:
-        raise SystemExit(f"error: {e}") from None
+    run_main(main)

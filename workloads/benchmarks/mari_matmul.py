@@ -39,6 +39,7 @@ from pathlib import Path
 
 import torch
 
+from genrec.workloads.errors import run_main
 from genrec.workloads.io import atomic_write_text
 from genrec.workloads.ranking.flops import flops_speedup, matmul_flops_mari, matmul_flops_vanilla
 from genrec.workloads.ranking.layout import FeatureLayout, chunk_inputs, fragmented_layout, mari_chunked
@@ -368,4 +369,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(main)

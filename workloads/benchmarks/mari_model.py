@@ -24,6 +24,7 @@ import torch
 
 from genrec.workloads.benchmarks.cuda_graph import capture_cuda_graph
 from genrec.workloads.benchmarks.mari_matmul import _ratio_stats, _setup, interleaved_times
+from genrec.workloads.errors import run_main
 from genrec.workloads.io import atomic_write_text
 from genrec.workloads.ranking.flops import counted_flops
 from genrec.workloads.ranking.model import BENCH_CONFIG, RankingConfig
@@ -165,4 +166,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(main)

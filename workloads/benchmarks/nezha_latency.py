@@ -32,7 +32,7 @@ import torch
 from genrec.workloads.decoding import mtp as _mtp  # noqa: F401  (registers nezha and mtp)
 from genrec.workloads.decoding.base import DecoderContext, DecodeResult, get_decoder, make_params
 from genrec.workloads.decoding.nezha import PythonSetVerifier
-from genrec.workloads.errors import UserInputError
+from genrec.workloads.errors import UserInputError, run_main
 from genrec.workloads.evaluation import load_context
 from genrec.workloads.io import atomic_write_text
 from genrec.workloads.metrics import ranking_metrics
@@ -266,4 +266,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

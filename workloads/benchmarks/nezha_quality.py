@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
-import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
@@ -39,7 +38,7 @@ from genrec.workloads.benchmarks.nezha_arms import (
 )
 from genrec.workloads.benchmarks.seeded_training import add_training_arguments, training_kwargs, write_summary
 from genrec.workloads.data.dataset import load_dataset
-from genrec.workloads.errors import UserInputError
+from genrec.workloads.errors import run_main
 from genrec.workloads.metrics import paired_t_test_less
 from genrec.workloads.results import current_environment
 from genrec.workloads.training.trainer import TrainConfig, resolve_device
@@ -189,8 +188,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except UserInputError as e:  # bad input: the message and exit code 2, as the genrec CLI does
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+    run_main(main)

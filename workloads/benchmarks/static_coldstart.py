@@ -23,6 +23,7 @@ import torch
 
 from genrec.workloads.decoding.base import get_decoder, make_params
 from genrec.workloads.decoding.static import StaticDecoder  # noqa: F401  (registers `static`)
+from genrec.workloads.errors import run_main
 from genrec.workloads.evaluation import load_context
 from genrec.workloads.io import atomic_write_text
 from genrec.workloads.metrics import ranking_metrics
@@ -103,4 +104,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(main)

@@ -81,6 +81,7 @@ from genrec.workloads.constraints.live import LiveStaticMask
 from genrec.workloads.constraints.sets import uniform_random
 from genrec.workloads.constraints.transition import SPARSE_FRACTION, build_transition_matrix
 from genrec.workloads.constraints.vntk import StaticMask
+from genrec.workloads.errors import run_main
 from genrec.workloads.io import atomic_write_text
 
 ALL_BACKENDS = (
@@ -444,4 +445,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(main)

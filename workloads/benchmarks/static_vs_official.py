@@ -52,7 +52,7 @@ from genrec.workloads.benchmarks.static_decode import make_logits, synthetic_dec
 from genrec.workloads.constraints.sets import uniform_random
 from genrec.workloads.constraints.transition import build_transition_matrix
 from genrec.workloads.constraints.vntk import StaticMask
-from genrec.workloads.errors import UserInputError
+from genrec.workloads.errors import UserInputError, run_main
 from genrec.workloads.io import atomic_write_text
 from genrec.workloads.results import current_environment
 
@@ -333,4 +333,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(main)

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from genrec.kernels.shared_prefix_attention import shared_prefix_attention_torch
+from genrec.workloads.errors import run_main
 from genrec.workloads.results import benchmark_summary
 
 MODULE = "genrec.workloads.benchmarks.xgr_attention"
@@ -188,4 +189,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -38,6 +37,7 @@ import numpy as np
 import torch
 
 from genrec.workloads.decoding.xgr import DecodeBuffers
+from genrec.workloads.errors import run_main
 from genrec.workloads.io import atomic_write_text
 from genrec.workloads.models.transformer import GRTransformer, KVCache, model_config_for
 from genrec.workloads.results import command_line, current_environment
@@ -195,4 +195,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -36,6 +35,7 @@ import torch
 
 from genrec.workloads.decoding.beam_core import select_beams
 from genrec.workloads.decoding.xbeam import STRIPES, EarlyTopK, pruned_topk
+from genrec.workloads.errors import run_main
 from genrec.workloads.io import atomic_write_text
 from genrec.workloads.results import command_line, current_environment
 
@@ -185,4 +185,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)
