@@ -19,6 +19,7 @@ SEEDS = (42, 43, 44)
 KS = (1, 10)
 MAIN = ("sft", "wordkd", "seqkd", "tvdkd", "atspeed_s", "atspeed_r")
 ABLATED = {"strict": ("atspeed_s-no_dr", "atspeed_s-no_ca"), "relaxed": ("atspeed_r-no_ca", "atspeed_r-top1")}
+ALL_STEPS = {"strict": ("atspeed_s-ad",), "relaxed": ("atspeed_r-ad",)}  # Table 5's w/ AD
 BASE_WS = {
     "sft": 1.3,
     "wordkd": 1.4,
@@ -30,6 +31,8 @@ BASE_WS = {
     "atspeed_s-no_ca": 1.5,
     "atspeed_r-no_ca": 1.5,
     "atspeed_r-top1": 1.4,
+    "atspeed_s-ad": 2.0,
+    "atspeed_r-ad": 1.8,
 }
 
 
@@ -77,7 +80,7 @@ def fake_rows(curves: bool = True) -> pd.DataFrame:
     rng = np.random.default_rng(0)
     rows = []
     for verification in ("strict", "relaxed"):
-        for objective in (*MAIN, *ABLATED[verification]):
+        for objective in (*MAIN, *ABLATED[verification], *ALL_STEPS[verification]):
             for k in KS:
                 rows += [make_row(rng, objective, verification, k, s) for s in SEEDS]
         full = "atspeed_s" if verification == "strict" else "atspeed_r"
@@ -189,11 +192,15 @@ def test_ablations_are_paired_by_seed_against_the_full_objective(page):
     df, tables, _ = page
     table = as_dicts(tables["d0-ablations"][0])
     got = {(r["verification"], r["full objective"], r["variant"], r["K"]) for r in table}
-    expected = {("strict", "AtSpeed-S", v, str(k)) for v in ("w/o DR", "w/o CA", "w/o TA") for k in KS}
-    expected |= {("relaxed", "AtSpeed-R", v, str(k)) for v in ("w/o CA", "w/o top-K", "w/o TA") for k in KS}
+    expected = {
+        ("strict", "AtSpeed-S", v, str(k)) for v in ("w/o DR", "w/o CA", "w/ AD", "w/o TA") for k in KS
+    }
+    relaxed = ("w/o CA", "w/o top-K", "w/ AD", "w/o TA")
+    expected |= {("relaxed", "AtSpeed-R", v, str(k)) for v in relaxed for k in KS}
     assert got == expected
     for variant, setting in (
         ("w/o DR", {"objective": "atspeed_s-no_dr"}),
+        ("w/ AD", {"objective": "atspeed_s-ad"}),
         ("w/o TA", {"objective": "atspeed_s", "tree_attention": False}),
     ):
         row = next(r for r in table if (r["verification"], r["variant"], r["K"]) == ("strict", variant, "10"))
@@ -286,6 +293,7 @@ def test_report_command_dispatches_atspeed_rows(tmp_path):
         ("atspeed_relaxed_beauty", 120, {"objective": 8, "k": 5}),
         ("atspeed_no_ta", 60, {"verification": 2, "objective": 2, "k": 5}),
         ("atspeed_n_gamma", 48, {"draft_beams": 4, "gamma": 4}),
+        ("atspeed_all_steps", 48, {"verification": 2, "objective": 4, "k": 2}),
     ],
 )
 def test_shipped_atspeed_experiments_validate(name, trials, grid):
@@ -299,7 +307,8 @@ def test_shipped_atspeed_experiments_validate(name, trials, grid):
     space = cfg.grid_values()
     assert {k: len(v) for k, v in space.items()} == grid
     if "k" in space:
-        assert space["k"] == [1, 3, 5, 10, 20]
+        assert space["k"] == ([10, 20] if name == "atspeed_all_steps" else [1, 3, 5, 10, 20])
+    assert set(space.get("objective", [])) <= set(OBJECTIVES)  # every arm names a known draft objective
     if "objective" in space and len(space["objective"]) == 8:  # Table 1's six + two ablations
         assert set(MAIN) <= set(space["objective"]) <= set(OBJECTIVES)
         verification = cfg.params["verification"]
