@@ -24,7 +24,7 @@ from genrec.workloads.sid_codec import SIDCodec
 from genrec.workloads.training.align import AlignFlags, AlignObjective
 from genrec.workloads.training.align_all_steps import all_step_sequences, complete_prefixes
 from genrec.workloads.training.teacher import TeacherData, load_teacher
-from genrec.workloads.training.teacher_steps import MISSING, beam_with_steps
+from genrec.workloads.training.teacher_steps import MISSING, beam_with_steps, step_coverage
 from genrec.workloads.training.trainer import TrainConfig, train
 
 K = 3
@@ -74,6 +74,14 @@ def test_a_step_with_fewer_valid_prefixes_than_k_marks_the_empty_beams():
     assert (first[:, 2:] == MISSING).all()
 
 
+def test_step_coverage_counts_the_step_beams_the_final_top_k_descends_from():
+    codes = np.array([[[0, 1, 2], [0, 1, 0], [1, 0, 0]]])  # K = 3 final SIDs, L = 3
+    steps = np.full((1, 2, 3, 3), MISSING)
+    steps[0, 0, :, 0] = [0, 2, 1]  # step 1: 0 and 1 have descendants, 2 does not
+    steps[0, 1, :2, :2] = [[0, 1], [2, 2]]  # step 2 kept two beams: only (0, 1) has one
+    assert step_coverage(codes, steps) == pytest.approx([2 / 3, 1 / 2])
+
+
 def test_level_beams_of_no_choices_is_empty():
     assert level_beams([]) == []
 
@@ -103,11 +111,16 @@ def test_the_all_step_file_holds_the_plain_file_and_each_examples_step_beams(
     assert_finals_descend_from_step_beams(steps)
 
 
-def test_a_sampled_all_step_file_draws_what_the_plain_sample_file_draws(tiny_model_dir, synth_dir, tmp_path):
+def test_a_sampled_all_step_file_draws_what_the_plain_sample_file_draws(
+    tiny_model_dir, synth_dir, tmp_path, capsys
+):
     argv = ["atspeed", "teacher", "--target", str(tiny_model_dir), "--data", str(synth_dir), "--k", "4"]
     argv += ["--sampling", "--seed", "5", "--batch-size", "16", "--quiet"]
     steps, plain = tmp_path / "steps.parquet", tmp_path / "plain.parquet"
     assert run_cli([*argv, "--all-steps", "--out", str(steps)]) == 0
+    shares = step_coverage(load_teacher(steps).codes, load_teacher(steps).step_codes)
+    line = f"per level 1..L-1: {', '.join(f'{x:.1%}' for x in shares)}"
+    assert line in capsys.readouterr().out and all(0.0 < x <= 1.0 for x in shares)
     assert run_cli([*argv, "--out", str(plain)]) == 0
     with_steps, alone = load_teacher(steps), load_teacher(plain)
     assert with_steps.kind == "sample" and with_steps.step_codes is not None

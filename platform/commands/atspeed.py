@@ -89,11 +89,16 @@ def teacher_command(
     source = str(target)
     if mixture is not None:
         source += f" mixed with draft {mix_draft} (lambda {mixture.mix_lambda})"
-    steps = " (and the beam after every level)" if teacher.step_codes is not None else ""
+    steps = " (and the beams after every level)" if teacher.step_codes is not None else ""
     typer.echo(
         f"teacher data: {len(teacher)} examples x top-{teacher.k} {teacher.kind} SIDs{steps} of {source} "
         f"on {ds.manifest.name} -> {path}"
     )
+    if teacher.step_codes is not None:
+        from genrec.workloads.training.teacher_steps import step_coverage
+
+        shares = ", ".join(f"{share:.1%}" for share in step_coverage(teacher.codes, teacher.step_codes))
+        typer.echo(f"step beams with a descendant in the final top-{teacher.k}, per level 1..L-1: {shares}")
 
 
 def teacher_mixture(

@@ -70,3 +70,16 @@ def read_step_codes(table: pa.Table, n: int, k: int, levels: int, where: object)
         shape = f"{levels - 1} steps of {k} beams of {levels} codes"
         raise UserInputError(f"{where}: every {STEP_COLUMN} row must hold {shape}; rebuild it")
     return per_beam.flatten().to_numpy().astype(np.int64).reshape(n, levels - 1, k, levels)
+
+
+def step_coverage(codes: np.ndarray, step_codes: np.ndarray) -> list[float]:
+    """Per step t = 1..L-1, the share of the target's kept step-t beams that are a prefix of one of the
+    final top-K SIDs (codes [N, K, L], step_codes [N, L - 1, K, L]): how much of what strict
+    verification checks at level t the final top-K alone would teach."""
+    out = []
+    for t in range(step_codes.shape[1]):
+        beams, finals = step_codes[:, t, :, : t + 1], codes[:, :, : t + 1]
+        descends = (beams[:, :, None, :] == finals[:, None, :, :]).all(-1).any(-1)  # [N, K]
+        kept = beams[..., 0] != MISSING
+        out.append(float(descends[kept].mean()) if kept.any() else float("nan"))
+    return out
