@@ -20,15 +20,13 @@ import fcntl
 import json
 import os
 import socket
-import tempfile
 import time
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from genrec.workloads.errors import UserInputError
-from genrec.workloads.io import clean_stale_temps, temp_prefix
+from genrec.workloads.io import write_parquet_atomic
 from genrec.workloads.results import RESULT_SCHEMA_VERSION, ResultRow
 from genrec.workloads.results_store import (
     DEFAULT_RESULTS_DIR,
@@ -66,21 +64,6 @@ def write_result_row(results_dir: str | os.PathLike, row: ResultRow | dict) -> P
     flat.setdefault("schema_version", RESULT_SCHEMA_VERSION)
     path = row_path(results_dir, str(flat["experiment"]), str(flat["run_id"]))
     return write_parquet_atomic(pa.Table.from_pylist([flat]), path)
-
-
-def write_parquet_atomic(table: pa.Table, path: Path) -> Path:
-    """Write a Parquet file under a temporary name and rename it: readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    clean_stale_temps(path)  # what a killed writer of this row left behind
-    fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path), dir=path.parent)
-    os.close(fd)
-    try:
-        pq.write_table(table, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
 
 
 def delete_rows(results_dir: str | os.PathLike, experiment: str) -> int:

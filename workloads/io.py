@@ -16,7 +16,11 @@ import shutil
 import socket
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 STALE_AFTER_S = 24 * 3600
 _HOST = re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname()) or "host"
@@ -36,20 +40,32 @@ def temp_sibling_dir(path: str | os.PathLike) -> Path:
     return Path(tempfile.mkdtemp(prefix=temp_prefix(path), dir=path.parent))
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+def atomic_write(path: str | os.PathLike, write: Callable[[Path], object]) -> Path:
+    """Build `path` with `write(tmp)` in a temporary sibling, then rename it into place: readers never
+    see half a file, and a failed write leaves nothing. The file gets the permissions a plain write
+    would give it (mkstemp makes 0600; a result, report or teacher file should be readable)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    clean_stale_temps(path)
+    clean_stale_temps(path)  # what a killed writer of this path left behind
     fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path), dir=path.parent)
+    os.close(fd)
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a report or result should be readable
+        write(Path(tmp))
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    return atomic_write(path, lambda tmp: tmp.write_text(text))
+
+
+def write_parquet_atomic(table: pa.Table, path: str | os.PathLike) -> Path:
+    """One Parquet file, written atomically (`atomic_write`)."""
+    return atomic_write(path, lambda tmp: pq.write_table(table, tmp))
 
 
 def clean_stale_temps(path: str | os.PathLike) -> list[Path]:

@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +62,7 @@ from genrec.workloads.data.dataset import Dataset
 from genrec.workloads.decoding.base import DecoderContext, get_decoder, make_params
 from genrec.workloads.decoding.mixture_model import check_mix_lambda, mixture_context
 from genrec.workloads.errors import UserInputError
+from genrec.workloads.io import write_parquet_atomic
 from genrec.workloads.models.inputs import training_windows
 from genrec.workloads.progress import bar_enabled
 from genrec.workloads.sid_codec import SIDCodec
@@ -351,19 +351,6 @@ def _lists(values: pa.Array, size: int) -> pa.ListArray:
     """Equal-length lists of `size` consecutive values (plain lists: any Parquet reader takes them)."""
     offsets = pa.array(np.arange(len(values) // size + 1, dtype=np.int32) * size, pa.int32())
     return pa.ListArray.from_arrays(offsets, values)
-
-
-def write_parquet_atomic(table: pa.Table, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
-    os.close(fd)
-    try:
-        pq.write_table(table, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
 
 
 def load_teacher(path: str | os.PathLike) -> TeacherData:
