@@ -44,7 +44,13 @@ from genrec.workloads.models.checkpoint import load_checkpoint
 from genrec.workloads.models.inputs import build_training_batch, max_prompt_len
 from genrec.workloads.models.transformer import GRTransformer
 from genrec.workloads.sid_codec import SIDCodec
-from genrec.workloads.training.align_all_steps import all_step_sequences
+from genrec.workloads.training.align_all_steps import (
+    all_step_loss,
+    all_step_sequences,
+    context_valid_mask,
+    sequence_tokens,
+)
+from genrec.workloads.training.align_context_tree import build_context_tree, context_logits
 from genrec.workloads.training.align_sequence_batch import (
     SequenceBatch,
     build_sequence_batch,
@@ -198,37 +204,54 @@ class AlignObjective:
     def sequence_loss(self, batch_idx: np.ndarray) -> Tensor:
         """The sequence-level alignment loss of the teacher rows `batch_idx` (= the windows' indices)."""
         assert self.teacher is not None and self.prefixes is not None
+        if self.flags.all_steps:
+            return self.all_step_loss(batch_idx)
         k = self.teacher.k
         n_align = 1 if self.flags.top1 else k
-        weight = kth = None
-        if self.flags.all_steps:
-            assert self.teacher.step_codes is not None
-            seqs = all_step_sequences(
-                self.teacher.codes[batch_idx], self.teacher.step_codes[batch_idx], self.item_codes,
-                self.codec, n_align, self.device,
-            )  # fmt: skip
-            codes, weight, kth = seqs.codes, seqs.weight, seqs.kth
-        else:
-            # AtSpeed-S needs the K-th SID (y_K) even when it aligns on the top-1 only
-            n_forward = k if self.kind == "atspeed_s" else n_align
-            codes = torch.as_tensor(self.teacher.codes[batch_idx, :n_forward], device=self.device)
+        # AtSpeed-S needs the K-th SID (y_K) even when it aligns on the top-1 only
+        n_forward = k if self.kind == "atspeed_s" else n_align
+        codes = torch.as_tensor(self.teacher.codes[batch_idx, :n_forward], device=self.device)
         prompts = [self.teacher.prompts[i] for i in batch_idx]
         batch = build_sequence_batch(
             prompts, codes, self.item_tokens, self.codec, self.max_items, self.device
         )
         draft = sequence_logits(self.model, batch, self.autocast)
         if self.kind == "seqkd":
-            return seqkd_loss(draft, batch.sid_tokens, weight)
+            return seqkd_loss(draft, batch.sid_tokens)
         with torch.no_grad():
             target = sequence_logits(self.target, batch, self.autocast)
         allowed = valid_token_mask(codes, self.codec, self.prefixes) if self.flags.constrained else None
         support = alignment_support(draft, allowed, k)
         if self.kind == "atspeed_s":
             return atspeed_s_loss(
-                draft, target, batch.sid_tokens, support, n_align, self.flags.density_reg, self.flags.dr_mode,
-                weight, kth,
-            )  # fmt: skip
-        return atspeed_r_loss(draft, target, support, n_align, weight)
+                draft, target, batch.sid_tokens, support, n_align, self.flags.density_reg, self.flags.dr_mode
+            )
+        return atspeed_r_loss(draft, target, support, n_align)
+
+    def all_step_loss(self, batch_idx: np.ndarray) -> Tensor:
+        """The same objective on the final SIDs and the step beams (align_all_steps.py): every distinct
+        context scored once, in one packed tree forward per model (align_context_tree.py)."""
+        assert self.teacher is not None and self.teacher.step_codes is not None and self.prefixes is not None
+        k = self.teacher.k
+        seqs = all_step_sequences(
+            self.teacher.codes[batch_idx], self.teacher.step_codes[batch_idx], 1 if self.flags.top1 else k,
+            self.device,
+        )  # fmt: skip
+        prompts = [self.teacher.prompts[i] for i in batch_idx]
+        tree = build_context_tree(
+            prompts, seqs.codes, seqs.lengths, self.item_tokens, self.codec, self.max_items, self.device
+        )
+        tokens = sequence_tokens(seqs.codes, self.codec, self.device)
+        draft = context_logits(self.model, tree, self.autocast)
+        if self.kind == "seqkd":
+            return all_step_loss("seqkd", draft, None, tree, seqs, tokens, None)
+        with torch.no_grad():
+            target = context_logits(self.target, tree, self.autocast)
+        allowed = context_valid_mask(tree, self.codec, self.prefixes) if self.flags.constrained else None
+        support = alignment_support(draft, allowed, k)
+        return all_step_loss(
+            self.kind, draft, target, tree, seqs, tokens, support, self.flags.density_reg, self.flags.dr_mode
+        )
 
     def epoch_parts(self) -> dict[str, float]:
         """Mean L_rec and L_align over the steps since the last call (for the training history)."""

@@ -41,7 +41,6 @@ from torch import Tensor
 
 from genrec.workloads.decoding.prefix_keys import PrefixKeySets
 from genrec.workloads.sid_codec import SIDCodec
-from genrec.workloads.training.align_all_steps import own_token_log_probs, sequence_mean
 
 NEG_INF = float("-inf")
 DR_MODES = ("weighted", "literal")  # AtSpeed-S's density term; see the module doc
@@ -49,18 +48,14 @@ DR_MODES = ("weighted", "literal")  # AtSpeed-S's density term; see the module d
 ATSPEED_S_READING = "weighted-dr-mean-over-sids-v2"
 
 
-def seqkd_loss(draft_logits: Tensor, sid_tokens: Tensor, weight: Tensor | None = None) -> Tensor:
+def seqkd_loss(draft_logits: Tensor, sid_tokens: Tensor) -> Tensor:
     """SeqKD: mean over (example, teacher SID, level) of -log q(y_t | c_<t), full-vocabulary softmax.
 
     draft_logits [B, K, L, V] predict sid_tokens [B, K, L] (teacher forcing); the next-item loss of
-    eq. 37 with the teacher's SIDs as targets. `weight` [B, K, L] (all-step data, align_all_steps.py)
-    makes it the mean over the counted levels only.
+    eq. 37 with the teacher's SIDs as targets.
     """
     v = draft_logits.shape[-1]
-    if weight is None:
-        return F.cross_entropy(draft_logits.float().reshape(-1, v), sid_tokens.reshape(-1))
-    ce = F.cross_entropy(draft_logits.float().reshape(-1, v), sid_tokens.reshape(-1), reduction="none")
-    return (ce * weight.reshape(-1)).sum() / weight.sum().clamp(min=1.0)
+    return F.cross_entropy(draft_logits.float().reshape(-1, v), sid_tokens.reshape(-1))
 
 
 def valid_token_mask(codes: Tensor, codec: SIDCodec, prefixes: PrefixKeySets) -> Tensor:
@@ -88,7 +83,7 @@ def alignment_support(draft_logits: Tensor, allowed: Tensor | None, k: int) -> T
     return chosen & allowed
 
 
-def _support_log_probs(logits: Tensor, support: Tensor) -> tuple[Tensor, Tensor]:
+def support_log_probs(logits: Tensor, support: Tensor) -> tuple[Tensor, Tensor]:
     """(log of the softmax renormalised over the support, -inf outside; the same with 0 outside).
 
     The zero-filled copy keeps 0 * (-inf) out of the products, so no NaN reaches the gradients."""
@@ -107,7 +102,7 @@ def density_log_weight(target_logits: Tensor, sid_tokens: Tensor) -> Tensor:
 
 def reverse_kl_on_support(lq: Tensor, lq0: Tensor, lp0: Tensor) -> Tensor:
     """[...] KL(q' || p') = sum_{V_c} q' log(q' / p'); >= 0, and 0 exactly when q' = p' on V_c.
-    Arguments as `_support_log_probs` returns them (lq: -inf outside V_c; lq0, lp0: 0 there)."""
+    Arguments as `support_log_probs` returns them (lq: -inf outside V_c; lq0, lp0: 0 there)."""
     return (lq.exp() * (lq0 - lp0)).sum(-1)
 
 
@@ -115,15 +110,21 @@ def atspeed_s_level_loss(
     lq: Tensor, lq0: Tensor, lp0: Tensor, log_w: Tensor, density_reg: bool = True, dr_mode: str = "weighted"
 ) -> Tensor:
     """[...] per-level AtSpeed-S loss RKLD_t - DR_t from the support log-probabilities (as
-    `_support_log_probs` returns them) and the log density weight log w_t (broadcast to lq.shape[:-1]).
+    `support_log_probs` returns them) and the log density weight log w_t (broadcast to lq.shape[:-1]).
 
     weighted: KL(q'||p') + w H(q'), minimised at q' ~ p'^(1/(1-w)) (sharpened target, never one-hot).
     literal:  KL(q'||p') + H(q') + log w = -sum q' log p' + log w, linear in q' (minimised by collapse).
     """
-    rkld = reverse_kl_on_support(lq, lq0, lp0)
+    neg_entropy = (lq.exp() * lq0).sum(-1)  # sum_{V_c} q' log q' = -H(q')
+    return atspeed_s_terms(reverse_kl_on_support(lq, lq0, lp0), neg_entropy, log_w, density_reg, dr_mode)
+
+
+def atspeed_s_terms(
+    rkld: Tensor, neg_entropy: Tensor, log_w: Tensor, density_reg: bool = True, dr_mode: str = "weighted"
+) -> Tensor:
+    """RKLD_t - DR_t from its parts: KL(q'||p'), -H(q') and log w_t (broadcast together)."""
     if not density_reg:
         return rkld
-    neg_entropy = (lq.exp() * lq0).sum(-1)  # sum_{V_c} q' log q' = -H(q')
     if dr_mode == "weighted":
         return rkld - log_w.exp() * neg_entropy
     if dr_mode == "literal":  # sum q' log(q' / w) = -H(q') - log w  (sum q' = 1)
@@ -139,8 +140,6 @@ def atspeed_s_loss(
     n_align: int | None = None,
     density_reg: bool = True,
     dr_mode: str = "weighted",
-    weight: Tensor | None = None,
-    kth: Tensor | None = None,
 ) -> Tensor:
     """AtSpeed-S alignment loss, eq. 4 as read in the module doc (derivation: appendix A.2.2):
 
@@ -151,30 +150,19 @@ def atspeed_s_loss(
     first; the K-th is y_K). support [B, K, L, V] is V_c (`alignment_support`); q', p' are the two
     softmaxes renormalised over it. The first `n_align` SIDs (default K; 1 for w/o top-K) form Y;
     `density_reg` False drops the entropy term (w/o DR); `dr_mode="literal"` uses eq. 4's density term
-    as printed (see `atspeed_s_level_loss`). All-step data (align_all_steps.py) passes `weight`
-    [B, S, L] (which levels of which sequences count; replaces n_align) and `kth` [S] (each sequence's
-    y_K) for the S sequences of its groups.
+    as printed (see `atspeed_s_level_loss`).
     """
     k = draft_logits.shape[1]
     n_align = k if n_align is None else n_align
-    lq, lq0 = _support_log_probs(draft_logits, support)
-    _, lp0 = _support_log_probs(target_logits, support)
-    if kth is None:
-        log_w = density_log_weight(target_logits, sid_tokens)[:, None, :]  # [B, 1, L]
-    else:
-        log_w = own_token_log_probs(target_logits, sid_tokens)[:, kth]  # [B, S, L]
+    lq, lq0 = support_log_probs(draft_logits, support)
+    _, lp0 = support_log_probs(target_logits, support)
+    log_w = density_log_weight(target_logits, sid_tokens)[:, None, :]  # [B, 1, L]
     per_level = atspeed_s_level_loss(lq, lq0, lp0, log_w, density_reg, dr_mode)  # [B, K, L]
-    if weight is not None:
-        return sequence_mean(per_level, weight)
     return per_level[:, :n_align].mean(-1).mean()
 
 
 def atspeed_r_loss(
-    draft_logits: Tensor,
-    target_logits: Tensor,
-    support: Tensor,
-    n_align: int | None = None,
-    weight: Tensor | None = None,
+    draft_logits: Tensor, target_logits: Tensor, support: Tensor, n_align: int | None = None
 ) -> Tensor:
     """AtSpeed-R alignment loss, eq. 8 (from eq. 6-7: maximise the acceptance 1 - TVD):
 
@@ -182,13 +170,11 @@ def atspeed_r_loss(
         TVD(p', q') = 1/2 sum_{v in V_c} |p'(v) - q'(v)|
 
     with D' the (prompt, teacher SID) pairs of the first `n_align` SIDs per example (default all K).
-    Shapes and `weight` (all-step data) as in `atspeed_s_loss`.
+    Shapes as in `atspeed_s_loss`.
     """
     k = draft_logits.shape[1]
     n_align = k if n_align is None else n_align
-    lq, _ = _support_log_probs(draft_logits, support)
-    lp, _ = _support_log_probs(target_logits, support)
+    lq, _ = support_log_probs(draft_logits, support)
+    lp, _ = support_log_probs(target_logits, support)
     tvd = 0.5 * (lp.exp() - lq.exp()).abs().sum(-1)  # [B, K, L]
-    if weight is not None:
-        return sequence_mean(tvd, weight)
     return tvd[:, :n_align].mean(-1).mean()
