@@ -25,7 +25,8 @@ import torch
 from torch import Tensor
 
 from genrec.workloads.models.transformer import GRTransformer
-from genrec.workloads.sid_codec import BOS, PAD, SIDCodec
+from genrec.workloads.sid_codec import PAD, SIDCodec
+from genrec.workloads.training.align_sequence_batch import prompt_tokens
 
 
 @dataclass
@@ -121,14 +122,6 @@ def build_context_tree(
         t(tokens, device=device), t(positions, device=device), t(mask, device=device),
         t(state, device=device), t(prefix, device=device), t(length, device=device), t(ctx, device=device),
     )  # fmt: skip
-
-
-def prompt_tokens(prompt: Sequence[int], item_tokens: np.ndarray, max_items: int, i: int) -> np.ndarray:
-    """[BOS] and the tokens of the prompt's last `max_items` items."""
-    if len(prompt) == 0:
-        raise ValueError(f"prompt {i} is empty; a prompt needs at least one item")
-    items = np.asarray(prompt[-max_items:], dtype=np.int64)
-    return np.concatenate([[BOS], item_tokens[items].reshape(-1)])
 
 
 def context_logits(model: GRTransformer, tree: ContextTree, autocast: bool = False) -> Tensor:

@@ -51,12 +51,7 @@ def build_sequence_batch(
     n_sid = levels - 1  # the last code is only ever predicted
     rows = []
     for i, prompt in enumerate(prompts):
-        if len(prompt) == 0:
-            raise ValueError(f"prompt {i} is empty; a prompt needs at least one item")
-        head = np.concatenate(
-            [[BOS], item_tokens[np.asarray(prompt[-max_items:], dtype=np.int64)].reshape(-1)]
-        )
-        rows.append((head, sid_np[i, :, :n_sid].reshape(-1)))
+        rows.append((prompt_tokens(prompt, item_tokens, max_items, i), sid_np[i, :, :n_sid].reshape(-1)))
     s = max(len(h) + len(t) for h, t in rows)
     tokens = np.full((b, s), PAD, dtype=np.int64)
     positions = np.zeros((b, s), dtype=np.int64)
@@ -84,6 +79,14 @@ def build_sequence_batch(
         index=torch.from_numpy(index).to(device),
         sid_tokens=sid_tokens,
     )
+
+
+def prompt_tokens(prompt: Sequence[int], item_tokens: np.ndarray, max_items: int, i: int) -> np.ndarray:
+    """[BOS] and the tokens of the prompt's last `max_items` items."""
+    if len(prompt) == 0:
+        raise ValueError(f"prompt {i} is empty; a prompt needs at least one item")
+    items = np.asarray(prompt[-max_items:], dtype=np.int64)
+    return np.concatenate([[BOS], item_tokens[items].reshape(-1)])
 
 
 def sequence_logits(model: GRTransformer, batch: SequenceBatch, autocast: bool = False) -> Tensor:
