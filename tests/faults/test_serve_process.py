@@ -103,6 +103,12 @@ def gone(app: App, runtime: Path | None) -> bool:
     return not listening_on(app.port)
 
 
+def haproxy_listeners(runtime) -> list:
+    """The listening sockets of the HAProxy processes that name this app's runtime folder."""
+    haproxy = set(pids_mentioning(str(runtime)))
+    return [x for x in listeners() if x.pid in haproxy]
+
+
 def stop_and_check(app: App, sig: signal.Signals) -> None:
     runtime = app.runtime()
     t0 = time.monotonic()
@@ -133,8 +139,10 @@ def test_two_apps_serve_side_by_side_and_sigterm_or_sigint_leaves_nothing(
             assert all(runtimes) and runtimes[0] != runtimes[1]
             ports = []
             for runtime in runtimes:
-                haproxy = set(pids_mentioning(str(runtime)))
-                mine = [x for x in listeners() if x.pid in haproxy]
+                # polled: on a loaded machine the listener table can lag the health answer (a CI run
+                # beside three training jobs once saw none on the first look)
+                assert wait_until(lambda runtime=runtime: haproxy_listeners(runtime), 15, poll_s=0.5)
+                mine = haproxy_listeners(runtime)
                 assert mine and all(x.local_only for x in mine), mine
                 ports.append({x.port for x in mine})
             assert not ports[0] & ports[1]  # stats and metrics on ports of their own
