@@ -16,7 +16,9 @@ from hypothesis import strategies as st
 from test_align import SIZES, World, plain_rows, softmax
 from test_atspeed_mixture import histories, make_ctx
 
+from genrec.workloads.decoding.base import get_decoder, make_params
 from genrec.workloads.decoding.beam_core import level_beams
+from genrec.workloads.decoding.params import BeamParams
 from genrec.workloads.errors import UserInputError
 from genrec.workloads.evaluation import load_context
 from genrec.workloads.models.inputs import training_windows
@@ -28,6 +30,11 @@ from genrec.workloads.training.teacher_steps import MISSING, beam_with_steps, st
 from genrec.workloads.training.trainer import TrainConfig, train
 
 K = 3
+
+
+def beam_params(k: int) -> BeamParams:
+    """What the teacher asks the `beam` decoder for: beam K, top K, catalogue items only."""
+    return make_params(get_decoder("beam"), {"beam_width": k, "k": k, "constraint": "all"})
 
 
 # --- the step beams against a slow beam search ------------------------------------------------------
@@ -56,7 +63,7 @@ def reference_step_beams(ctx, history: list[int], k: int) -> list[list[tuple[tup
 def test_step_beams_are_the_beam_search_after_every_level(seed, sizes, items):
     ctx = make_ctx(sizes, seed=seed, items=items)
     k = min(K, items)
-    result, steps = beam_with_steps(ctx, histories(ctx), k)
+    result, steps = beam_with_steps(ctx, histories(ctx), beam_params(k))
     for b, history in enumerate(histories(ctx)):
         ref = reference_step_beams(ctx, history, k)
         for t in range(ctx.codec.levels - 1):
@@ -68,7 +75,7 @@ def test_step_beams_are_the_beam_search_after_every_level(seed, sizes, items):
 
 def test_a_step_with_fewer_valid_prefixes_than_k_marks_the_empty_beams():
     ctx = make_ctx((2, 5, 3), seed=2, items=6)  # at most 2 first codes: step 1 keeps 2 of 4 beams
-    _, steps = beam_with_steps(ctx, histories(ctx), 4)
+    _, steps = beam_with_steps(ctx, histories(ctx), beam_params(4))
     first = steps[:, 0, :, 0]
     assert ((first != MISSING).sum(-1) == len({c[0] for c in ctx.item_codes.tolist()})).all()
     assert (first[:, 2:] == MISSING).all()
@@ -106,7 +113,7 @@ def test_the_all_step_file_holds_the_plain_file_and_each_examples_step_beams(
     ctx, _, _ = load_context(tiny_model_dir, synth_dir, "cpu")
     rows = [0, 7, len(steps) - 1]  # row i is example i's: decoded again, one at a time
     for i in rows:
-        _, want = beam_with_steps(ctx, [steps.prompts[i]], steps.k)
+        _, want = beam_with_steps(ctx, [steps.prompts[i]], beam_params(steps.k))
         np.testing.assert_array_equal(steps.step_codes[i], want[0])
     assert_finals_descend_from_step_beams(steps)
 

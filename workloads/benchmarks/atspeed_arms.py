@@ -106,6 +106,13 @@ def teacher_steps(objective: str) -> bool:
     return bool(OBJECTIVES[objective][1].get("all_steps"))
 
 
+def teacher_kind(objective: str) -> tuple[bool, bool, str]:
+    """(sampling, all_steps, the kind in the cached teacher file's name) of an objective's teacher
+    file: AtSpeed-R's sampled SIDs or the beam top-K, with every level's beams for the -ad objectives."""
+    sampling, steps = OBJECTIVES[objective][0] == "atspeed_r", teacher_steps(objective)
+    return sampling, steps, ("sample" if sampling else "beam") + ("-all" if steps else "")
+
+
 def train_config(objective: str, size: str, seed: int, common: dict, **extra) -> TrainConfig:
     if objective not in OBJECTIVES:
         raise UserInputError(f"objective must be one of {list(OBJECTIVES)}, got {objective!r}")
@@ -135,11 +142,10 @@ def prepare_models(
     if objective != "sft":
         extra = {"target": str(target_dir), "alpha": alpha}
     if OBJECTIVES[objective][0] in NEEDS_TEACHER:
-        sampling, steps = OBJECTIVES[objective][0] == "atspeed_r", teacher_steps(objective)
-        kind = ("sample" if sampling else "beam") + ("-all" if steps else "")
+        sampling, steps, kind = teacher_kind(objective)
         out = Path(models_dir) / f"teacher-{kind}-k{teacher_k}-{target_dir.name}.parquet"
         extra["teacher"] = str(
-            ensure_teacher(target_dir, data, out, teacher_k, sampling, seed, device, None, 0.5, steps)
+            ensure_teacher(target_dir, data, out, teacher_k, sampling, seed, device, all_steps=steps)
         )
     draft_cfg = train_config(objective, draft_size, seed, common, **extra)
     fields = asdict(draft_cfg)

@@ -60,6 +60,7 @@ from genrec.workloads.benchmarks.atspeed_arms import (
     cached_dir,
     ensure_teacher,
     summarise,
+    teacher_kind,
     teacher_steps,
     time_pair,
     train_config,
@@ -242,13 +243,11 @@ def seed_target(args: argparse.Namespace, seed: int, common: dict) -> tuple[Path
     return target_dir, train_timed(args.data, target_dir, target_cfg, progress=not args.quiet)
 
 
-def teacher_path(
-    args: argparse.Namespace, target_dir: Path, sampling: bool, seed: int, all_steps: bool = False
-) -> Path:
-    """Where the target's teacher file is cached: one beam file (and one with every level's beam) per
-    target; with a shared --target one sampling file per seed (the sampled SIDs depend on it), named
-    after the target's path."""
-    kind = ("sample" if sampling else "beam") + ("-all" if all_steps else "")
+def teacher_path(args: argparse.Namespace, target_dir: Path, objective: str, seed: int) -> Path:
+    """Where the objective's teacher file of the target is cached: one beam file (and one with every
+    level's beams) per target; with a shared --target one sampling file per seed (the sampled SIDs
+    depend on it), named after the target's path."""
+    sampling, _, kind = teacher_kind(objective)
     if args.target is None:
         return Path(args.models_dir) / f"teacher-{kind}-k{args.teacher_k}-{target_dir.name}.parquet"
     tag = hashlib.sha256(str(target_dir).encode()).hexdigest()[:10]
@@ -282,10 +281,10 @@ def seed_teacher(args: argparse.Namespace, objective: str, target_dir: Path, see
             target_dir, args.data, out, args.teacher_k, False, seed, args.device, q, args.mix_lambda
         )
     base = base_objective(objective)
-    sampling, steps = OBJECTIVES[base][0] == "atspeed_r", teacher_steps(base)
-    out = teacher_path(args, target_dir, sampling, seed, steps)
+    sampling, steps, _ = teacher_kind(base)
+    out = teacher_path(args, target_dir, base, seed)
     return ensure_teacher(
-        target_dir, args.data, out, args.teacher_k, sampling, seed, args.device, None, 0.5, steps
+        target_dir, args.data, out, args.teacher_k, sampling, seed, args.device, all_steps=steps
     )
 
 

@@ -97,15 +97,27 @@ def backbone_beam_search(
     return finish_backbone_search(ctx, search, params, mask is not None)
 
 
+def run_beam_decoder(ctx: DecoderContext, histories: list[list[int]], params: BeamParams) -> BackboneSearch:
+    """The search the `beam` decoder runs (or `beam_sample`, for BeamSampleParams: Gumbel draws seeded
+    `params.seed`), before its top k is finished; callers that need every level's beams read them from
+    its choices (`beam_core.level_beams`)."""
+    params.validate()
+    mask = ctx.constraints.mask_backend(params, ctx.device) if params.constrained else None
+    select: BeamSelector = select_beams
+    if isinstance(params, BeamSampleParams):
+        select = GumbelSelector(torch.Generator(device=ctx.device).manual_seed(params.seed))
+    return run_backbone_search(ctx, histories, params, mask, select)
+
+
 @register_decoder
 class BeamSearch:
     name: ClassVar[str] = "beam"
     Params: ClassVar[type] = BeamParams
 
     def decode(self, ctx: DecoderContext, histories: list[list[int]], params: BeamParams) -> DecodeResult:
-        params.validate()
-        mask = ctx.constraints.mask_backend(params, ctx.device) if params.constrained else None
-        return backbone_beam_search(ctx, histories, params, mask)
+        return finish_backbone_search(
+            ctx, run_beam_decoder(ctx, histories, params), params, params.constrained
+        )
 
 
 @register_decoder
@@ -116,7 +128,6 @@ class BeamSample:
     def decode(
         self, ctx: DecoderContext, histories: list[list[int]], params: BeamSampleParams
     ) -> DecodeResult:
-        params.validate()
-        mask = ctx.constraints.mask_backend(params, ctx.device) if params.constrained else None
-        gen = torch.Generator(device=ctx.device).manual_seed(params.seed)
-        return backbone_beam_search(ctx, histories, params, mask, GumbelSelector(gen))
+        return finish_backbone_search(
+            ctx, run_beam_decoder(ctx, histories, params), params, params.constrained
+        )

@@ -257,13 +257,11 @@ def decode_batches(
     )
     for number, start in enumerate(bar):
         chunk = examples[start : start + batch_size]
+        params = make_params(decoder, {**base, "seed": seed + number} if sampling else base)
         steps = None
         if all_steps:
-            res, steps = beam_with_steps(
-                ctx, [ex.prompt for ex in chunk], k, seed + number if sampling else None
-            )
+            res, steps = beam_with_steps(ctx, [ex.prompt for ex in chunk], params)
         else:
-            params = make_params(decoder, {**base, "seed": seed + number} if sampling else base)
             res = decoder.decode(ctx, [ex.prompt for ex in chunk], params)
         valid = res.valid.cpu().numpy()
         if not valid.all():

@@ -21,9 +21,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from genrec.workloads.decoding.base import DecoderContext, DecodeResult, get_decoder, make_params
-from genrec.workloads.decoding.beam import finish_backbone_search, run_backbone_search
-from genrec.workloads.decoding.beam_core import GumbelSelector, level_beams
+from genrec.workloads.decoding.base import DecoderContext, DecodeResult
+from genrec.workloads.decoding.beam import finish_backbone_search, run_beam_decoder
+from genrec.workloads.decoding.beam_core import level_beams
+from genrec.workloads.decoding.params import BeamParams
 from genrec.workloads.errors import UserInputError
 
 STEP_COLUMN = "step_codes"
@@ -31,24 +32,15 @@ MISSING = -1  # a code past a step's prefix, or a whole beam a step could not fi
 
 
 def beam_with_steps(
-    ctx: DecoderContext, prompts: list[list[int]], k: int, seed: int | None = None
+    ctx: DecoderContext, prompts: list[list[int]], params: BeamParams
 ) -> tuple[DecodeResult, np.ndarray]:
-    """The target's constrained beam search at beam K (as the `beam` decoder runs it; with `seed`, its
-    sampling beam search as `beam_sample` runs it) and its beams after every level but the last:
-    [B, L - 1, K, L] codes, MISSING past step t's t codes and where step t kept fewer than K beams."""
-    base = {"beam_width": k, "k": k, "constraint": "all"}
-    decoder = get_decoder("beam" if seed is None else "beam_sample")
-    params = make_params(decoder, base if seed is None else {**base, "seed": seed})
-    params.validate()
-    mask = ctx.constraints.mask_backend(params, ctx.device)
-    if seed is None:
-        search = run_backbone_search(ctx, prompts, params, mask)
-    else:
-        gen = torch.Generator(device=ctx.device).manual_seed(seed)
-        search = run_backbone_search(ctx, prompts, params, mask, GumbelSelector(gen))
-    result = finish_backbone_search(ctx, search, params, constrained=True)
-    levels = ctx.codec.levels
-    steps = np.full((len(prompts), levels - 1, k, levels), MISSING, dtype=np.int64)
+    """What the `beam` decoder returns for `params` (`beam_sample` for BeamSampleParams), and the beams
+    it kept after every level but the last: [B, L - 1, W, L] codes, MISSING past step t's t codes and
+    where step t kept fewer than W beams."""
+    search = run_beam_decoder(ctx, prompts, params)
+    result = finish_backbone_search(ctx, search, params, params.constrained)
+    levels, width = ctx.codec.levels, params.beam_width
+    steps = np.full((len(prompts), levels - 1, width, levels), MISSING, dtype=np.int64)
     for t, (codes, scores) in enumerate(level_beams(search.output.choices)[:-1]):
         found = torch.isfinite(scores).cpu().numpy()
         steps[:, t, :, : t + 1] = np.where(found[..., None], codes.cpu().numpy(), MISSING)
@@ -60,7 +52,8 @@ def read_step_codes(table: pa.Table, n: int, k: int, levels: int, where: object)
     if STEP_COLUMN not in table.column_names:
         raise UserInputError(f"{where}: all_steps in its manifest but no {STEP_COLUMN} column; rebuild it")
     col = table.column(STEP_COLUMN).combine_chunks()
-    per_step, per_beam = col.flatten(), col.flatten().flatten()
+    per_step = col.flatten()
+    per_beam = per_step.flatten()
     ok = (
         pc.all(pc.equal(pc.list_value_length(col), levels - 1)).as_py()
         and pc.all(pc.equal(pc.list_value_length(per_step), k)).as_py()
