@@ -23,6 +23,7 @@ from genrec.workloads.benchmarks.xgr_memory import memory_point  # noqa: E402
 from genrec.workloads.decoding import xbeam, xgr  # noqa: E402
 from genrec.workloads.decoding.base import DecoderContext, decoder_names, get_decoder, make_params  # noqa: E402
 from genrec.workloads.decoding.beam_core import select_beams  # noqa: E402
+from genrec.workloads.decoding.buffer_pool import BufferPool  # noqa: E402
 from genrec.workloads.errors import UserInputError  # noqa: E402
 from genrec.workloads.models.transformer import GRTransformer, model_config_for  # noqa: E402
 from genrec.workloads.sid_codec import SIDCodec  # noqa: E402
@@ -179,7 +180,7 @@ def test_early_selector_ranks_sparse_constraint_candidates(buffers):
 
 
 def test_buffer_pool_lends_one_buffer_at_a_time():
-    pool = xbeam.BufferPool(max_keys=2)
+    pool = BufferPool(max_keys=2)
     a = pool.acquire("k", lambda: object())
     b = pool.acquire("k", lambda: object())
     assert a is not b and pool.built == 2
@@ -325,9 +326,9 @@ def test_buffers_are_reused_across_requests_and_results_do_not_alias_them():
     params = make_params(dec, {"beam_width": 17, "k": 4})
     first = dec.decode(ctx, [[1], [2]], params)
     kept = first.scores.clone()
-    built = xgr.POOL.built
+    built = ctx.buffers.built
     second = dec.decode(ctx, [[3, 4], [5]], params)  # same (batch, BW): the lent buffers come back
-    assert xgr.POOL.built == built
+    assert ctx.buffers.built == built
     assert torch.equal(first.scores, kept)  # the first result was not overwritten
     assert not torch.equal(first.scores, second.scores)
 

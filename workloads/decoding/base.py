@@ -14,6 +14,7 @@ from typing import Any, ClassVar, Protocol
 import numpy as np
 import torch
 
+from genrec.workloads.decoding.buffer_pool import BufferPool
 from genrec.workloads.decoding.constraint_store import ConstraintStore
 from genrec.workloads.decoding.params import DecoderParams
 from genrec.workloads.decoding.prefix_keys import PrefixKeySets
@@ -73,6 +74,8 @@ class DecoderContext:
     item_tokens: np.ndarray = field(init=False)
     index: ItemIndex = field(init=False)
     constraints: ConstraintStore = field(init=False)  # constraint sets and their mask indexes
+    # decode buffers (xGR's reuse) kept across requests; decoder objects are made per call, these outlive them
+    buffers: BufferPool = field(init=False, default_factory=BufferPool, repr=False)
 
     def __post_init__(self) -> None:
         self.item_tokens = item_token_table(self.codec, self.item_codes)

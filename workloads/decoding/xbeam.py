@@ -29,9 +29,9 @@ have none).
 
 Buffer reuse (section 6.3): `SelectBuffers` holds per-level score / parent / code outputs and the
 group-maxima scratch for one (batch, BW, levels) shape, written in place instead of allocated per
-step; `BufferPool` hands such buffers (and the beam KV storage, see xgr.py) to one decode at a time
-and keeps them for the next request of the same shape. CUDA-graph capture of the decode loop (which
-these fixed addresses enable) is not done here.
+step; `buffer_pool.BufferPool` (one per `DecoderContext`) hands such buffers and the beam KV storage
+(see xgr.py) to one decode at a time and keeps them for the next request of the same shape.
+CUDA-graph capture of the decode loop (which these fixed addresses enable) is not done here.
 
 Valid-path filter (section 6.1): the constraint processor (processors.ConstraintProcessor with
 STATIC's index: dense tables for the first levels, CSR rows for the rest) is xGR's item mask; the
@@ -42,11 +42,7 @@ so the constraint's sparse candidates (a beam's few valid children) are ranked b
 from __future__ import annotations
 
 import functools
-import threading
-from collections import OrderedDict
-from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
@@ -257,34 +253,3 @@ def split_flat(flat: Tensor, t: int, out: tuple[Tensor, Tensor] | None = None) -
     torch.div(flat, t, rounding_mode="floor", out=out[0])
     torch.remainder(flat, t, out=out[1])
     return out
-
-
-class BufferPool:
-    """Buffers by shape key, lent to one decode at a time and kept for the next request of that shape.
-
-    `acquire(key, build)` returns a free buffer of that key (or `build()`s one); `release` returns it.
-    At most `max_keys` shapes are kept (least recently used dropped); thread-safe."""
-
-    def __init__(self, max_keys: int = 8, max_free_per_key: int = 2) -> None:
-        self.max_keys, self.max_free = max_keys, max_free_per_key
-        self._free: OrderedDict[Hashable, list[Any]] = OrderedDict()
-        self._lock = threading.Lock()
-        self.built = 0  # buffers built (a reused one is not counted again)
-
-    def acquire(self, key: Hashable, build: Callable[[], Any]) -> Any:
-        with self._lock:
-            free = self._free.get(key)
-            if free:
-                self._free.move_to_end(key)
-                return free.pop()
-            self.built += 1
-        return build()
-
-    def release(self, key: Hashable, value: Any) -> None:
-        with self._lock:
-            free = self._free.setdefault(key, [])
-            self._free.move_to_end(key)
-            if len(free) < self.max_free:
-                free.append(value)
-            while len(self._free) > self.max_keys:
-                self._free.popitem(last=False)

@@ -31,7 +31,7 @@ from genrec.workloads.decoding.beam_core import finish_beams, run_beam_search, s
 from genrec.workloads.decoding.params import BeamParams
 from genrec.workloads.decoding.processors import ConstraintProcessor
 from genrec.workloads.decoding.scorers import BackboneScorer
-from genrec.workloads.decoding.xbeam import BufferPool, EarlyTopK, SelectBuffers
+from genrec.workloads.decoding.xbeam import EarlyTopK, SelectBuffers
 from genrec.workloads.errors import UserInputError
 from genrec.workloads.models.transformer import GRTransformer, KVCache
 from genrec.workloads.sid_codec import SIDCodec
@@ -82,10 +82,6 @@ class DecodeBuffers:
         return sum(t.numel() * t.element_size() for t in tensors)
 
 
-# one pool per process: a decoder object is created per get_decoder call, the buffers outlive it
-POOL = BufferPool()
-
-
 def buffer_key(model: GRTransformer, batch: int, beam_width: int, levels: int) -> tuple:
     p = model.embed_tokens.weight
     return (model.config, batch, beam_width, levels, p.dtype, str(p.device))
@@ -130,7 +126,7 @@ def xgr_search(ctx: DecoderContext, histories: list[list[int]], params: XgrParam
     batch = tokens.shape[0]
     key = buffer_key(ctx.model, batch, w, codec.levels)
     lent = (
-        POOL.acquire(key, lambda: DecodeBuffers.build(ctx.model, batch, w, codec.levels))
+        ctx.buffers.acquire(key, lambda: DecodeBuffers.build(ctx.model, batch, w, codec.levels))
         if params.reuse_buffers
         else None
     )
@@ -150,7 +146,7 @@ def xgr_search(ctx: DecoderContext, histories: list[list[int]], params: XgrParam
             scores = top.scores.clone()  # a view of a lent buffer: the next request overwrites it
     finally:
         if lent is not None:
-            POOL.release(key, lent)
+            ctx.buffers.release(key, lent)
     timings = dict(timer.ms)
     timings["decode_forward"] = scorer.forward_ms
     if mask is not None:
