@@ -401,28 +401,44 @@ def atspeed_decode(
         gen = torch.Generator(device=ctx.device).manual_seed(p.seed)
     with timer.phase("prefill"):
         t_out, d_out = ctx.model.prefill(tokens, mask), draft.prefill(tokens, mask)
-    m = Models(ctx.model, draft, t_out.logits, d_out.logits, t_out.cache, d_out.cache)
+    models = Models(ctx.model, draft, t_out.logits, d_out.logits, t_out.cache, d_out.cache)
+    run = DecodeRun(models, p, relaxed, codec, processors, gen, timer, Counters())
     b = tokens.shape[0]
     codes = torch.zeros(b, k, levels, dtype=torch.long, device=ctx.device)
     scores = torch.zeros(b, k, device=ctx.device)
     level = torch.zeros(b, dtype=torch.long, device=ctx.device)
-    count = Counters()
     while bool((level < levels).any()):
         for t in sorted(set(level[level < levels].tolist())):
             users = torch.nonzero(level == t).flatten()
-            outcome = sd_step(m, users, codes, scores, t, p, relaxed, codec, processors, gen, timer, count)
+            outcome = sd_step(run, users, codes, scores, t)
             codes[users], scores[users], level[users] = outcome.codes, outcome.scores, outcome.level
-            count.add(outcome, len(users))
+            run.count.add(outcome, len(users))
     with timer.phase("system"):
         top = finish_beams(ctx, codes, scores, p.k)
     timings = dict(timer.ms)
     timings["decode"] = timings.get("draft", 0.0) + timings.get("verify", 0.0)
-    counters = {**count.as_dict(k), "missing": top.missing}
+    counters = {**run.count.as_dict(k), "missing": top.missing}
     return DecodeResult(top.codes, top.scores, top.item_ids, top.valid, timings, counters)
 
 
-def sd_step(m, users, codes, scores, t, p, relaxed, codec, processors, gen, timer, count) -> StepOutcome:
-    """One SD step for the users whose decided prefix has length t."""
+@dataclass
+class DecodeRun:
+    """What every SD step of one decode call shares."""
+
+    models: Models
+    params: AtSpeedParams
+    relaxed: bool
+    codec: SIDCodec
+    processors: list[LevelProcessor]
+    gen: torch.Generator  # relaxed: the draft's sampling and the accept / resample draws
+    timer: PhaseTimer
+    count: Counters
+
+
+def sd_step(run: DecodeRun, users: Tensor, codes: Tensor, scores: Tensor, t: int) -> StepOutcome:
+    """One SD step for the users whose decided prefix has length t (`codes` [B, K, L], `scores` [B, K])."""
+    m, p, codec, processors, timer = run.models, run.params, run.codec, run.processors, run.timer
+    relaxed, gen, count = run.relaxed, run.gen, run.count
     g, k = len(users), p.beam_width
     committed = codes[users, :, :t] if t else codes.new_zeros(g, 1, 0)
     base = scores[users] if t else scores.new_zeros(g, 1)

@@ -229,6 +229,51 @@ class GumbelSelector:
         return top, flat // t, flat % t
 
 
+def search_start(
+    processors: list[LevelProcessor],
+    start: BeamStart | None,
+    batch: int,
+    device: torch.device,
+    timer: PhaseTimer,
+) -> tuple[list, Tensor, Tensor, int]:
+    """(processor states, beam scores [B, w], codes [B, w, l], first level) a search begins from:
+    `start`, or one empty beam per user with score 0."""
+    if start is not None:
+        return list(start.states), start.scores, start.codes, start.level
+    states = []
+    for proc in processors:
+        with timer.phase(proc.phase):
+            states.append(proc.init_state(batch, device))
+    codes = torch.zeros(batch, 1, 0, dtype=torch.long, device=device)
+    return states, torch.zeros(batch, 1, device=device), codes, 0
+
+
+def process_level(
+    processors: list[LevelProcessor],
+    states: list,
+    proposes: list[bool],
+    level: int,
+    seen: Tensor | Candidates,
+    scores: Tensor,
+    timer: PhaseTimer,
+) -> tuple[Tensor | Candidates, list[int]]:
+    """Run the processors over one level's log-probs (updating `states` in place); return what the
+    selection ranks and the processors whose candidate slots it ranks (their `advance` gets the pick)."""
+    flat_scores = scores.reshape(-1)
+    owners: list[int] = []
+    for i, proc in enumerate(processors):
+        with timer.phase(proc.phase):
+            if proposes[i]:
+                was_sparse = isinstance(seen, Candidates)
+                seen, states[i] = proc.candidates(level, states[i], seen, flat_scores)
+                sparse = isinstance(seen, Candidates)
+                owners = ([*owners, i] if was_sparse else [i]) if sparse else []
+            else:
+                seen, states[i] = proc.apply(level, states[i], as_dense(seen), flat_scores)
+                owners = []
+    return seen, owners
+
+
 def run_beam_search(
     scorer: LevelScorer,
     processors: list[LevelProcessor],
@@ -246,35 +291,16 @@ def run_beam_search(
     `start` resumes from decided beams (the scorer must already score their children); by default the
     search starts from one empty beam per user with score 0."""
     timer = timer or PhaseTimer(device)
-    if start is None:
-        states = []
-        for proc in processors:
-            with timer.phase(proc.phase):
-                states.append(proc.init_state(batch, device))
-        scores = torch.zeros(batch, 1, device=device)
-        codes = torch.zeros(batch, 1, 0, dtype=torch.long, device=device)
-        first = 0
-    else:
-        states, scores, codes, first = list(start.states), start.scores, start.codes, start.level
+    states, scores, codes, first = search_start(processors, start, batch, device, timer)
     users = torch.arange(batch, device=device)[:, None]
     # sparse candidates only under an exact top-W selection (see the module doc)
     top = exact_top(select)
     proposes = [top is not None and isinstance(proc, CandidateProcessor) for proc in processors]
     choices = []
     for level in range(first, levels):
-        seen: Tensor | Candidates = scorer.level_log_probs(level)
-        flat_scores = scores.reshape(-1)
-        owners: list[int] = []  # the processors whose candidate slots the selection ranks
-        for i, proc in enumerate(processors):
-            with timer.phase(proc.phase):
-                if proposes[i]:
-                    was_sparse = isinstance(seen, Candidates)
-                    seen, states[i] = proc.candidates(level, states[i], seen, flat_scores)
-                    sparse = isinstance(seen, Candidates)
-                    owners = ([*owners, i] if was_sparse else [i]) if sparse else []
-                else:
-                    seen, states[i] = proc.apply(level, states[i], as_dense(seen), flat_scores)
-                    owners = []
+        seen, owners = process_level(
+            processors, states, proposes, level, scorer.level_log_probs(level), scores, timer
+        )
         w = scores.shape[1]
         pick = None
         if isinstance(seen, Candidates):
