@@ -27,15 +27,17 @@ import json
 import shlex
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from genrec.workloads.decoding.base import DecoderContext, get_decoder, make_params
+from genrec.workloads.data.dataset import Dataset
+from genrec.workloads.decoding.base import DecoderContext, DecodeResult, get_decoder, make_params
 from genrec.workloads.errors import UserInputError, run_main
 from genrec.workloads.evaluation import load_context
+from genrec.workloads.models.checkpoint import Checkpoint
 from genrec.workloads.models.hf_bridge import DEFAULT_ATTN, REAL_SCORE, hf_beam_search, to_hf_llama
 from genrec.workloads.results import current_environment
 
@@ -97,39 +99,56 @@ def user_agrees(
     return True
 
 
-def bench_width(
-    ctx: DecoderContext, hf, batches: list[list[list[int]]], width: int, args: argparse.Namespace
-) -> dict:
-    device = ctx.device
-    beam = get_decoder("beam")
-    k = min(args.k, width)
-    params = make_params(beam, {"beam_width": width, "k": k})
+def hf_top_k(hf, ctx: DecoderContext, hist: list[list[int]], width: int, k: int):
+    """HF beam search from histories to top-K SIDs and scores (prompt building included)."""
+    tokens, mask = ctx.prompts(hist)
+    return hf_beam_search(hf, ctx.codec, tokens, mask, width, k)
 
-    def run_ours(hist):
-        _sync(device)
-        t0 = time.perf_counter_ns()
-        res = beam.decode(ctx, hist, params)
-        _sync(device)
-        return (time.perf_counter_ns() - t0) / 1e6, res
 
-    def run_hf(hist):
-        _sync(device)
-        t0 = time.perf_counter_ns()
-        tokens, mask = ctx.prompts(hist)
-        codes, scores = hf_beam_search(hf, ctx.codec, tokens, mask, width, k)
-        _sync(device)
-        return (time.perf_counter_ns() - t0) / 1e6, (codes, scores)
+def timed_ms(device: torch.device, fn, *args):
+    """(milliseconds, result) of fn(*args), synchronising the device before and after."""
+    _sync(device)
+    t0 = time.perf_counter_ns()
+    out = fn(*args)
+    _sync(device)
+    return (time.perf_counter_ns() - t0) / 1e6, out
 
-    for hist in batches[: args.warmup]:
-        run_ours(hist)
-        run_hf(hist)
 
-    ours_ms: list[float] = []
-    hf_ms: list[float] = []
-    decode_ms = forward_ms = 0.0
-    agree = users = 0
-    max_score_diff = 0.0
-    for rep in range(args.repeats):
+@dataclass
+class WidthTally:
+    """What the timed passes at one beam width accumulate: per-batch latencies, our decode timings
+    and the agreement counts."""
+
+    ours_ms: list[float] = field(default_factory=list)
+    hf_ms: list[float] = field(default_factory=list)
+    decode_ms: float = 0.0
+    forward_ms: float = 0.0
+    agree: int = 0
+    users: int = 0
+    max_score_diff: float = 0.0
+
+    def add_times(self, t_ours: float, t_hf: float, res: DecodeResult) -> None:
+        self.ours_ms.append(t_ours)
+        self.hf_ms.append(t_hf)
+        self.decode_ms += res.timings_ms.get("decode", 0.0)
+        self.forward_ms += res.timings_ms.get("decode_forward", 0.0)
+
+    def add_agreement(self, res: DecodeResult, codes: torch.Tensor, scores: torch.Tensor, tol: float) -> None:
+        ours_codes, ours_scores = res.codes.cpu(), res.scores.cpu()
+        codes, scores = codes.cpu(), scores.cpu()
+        for b in range(len(ours_codes)):
+            self.users += 1
+            self.agree += user_agrees(codes[b], scores[b], ours_codes[b], ours_scores[b], tol)
+            both = (ours_scores[b] > REAL_SCORE) & (scores[b] > REAL_SCORE)
+            if both.any():
+                diff = (ours_scores[b][both] - scores[b][both]).abs().max()
+                self.max_score_diff = max(self.max_score_diff, float(diff))
+
+
+def timed_passes(run_ours, run_hf, batches: list[list[list[int]]], repeats: int, tol: float) -> WidthTally:
+    """`repeats` passes over all batches, ours then HF on even passes and HF then ours on odd ones."""
+    tally = WidthTally()
+    for rep in range(repeats):
         for hist in batches:
             if rep % 2 == 0:
                 t_ours, res = run_ours(hist)
@@ -137,27 +156,20 @@ def bench_width(
             else:
                 t_hf, (codes, scores) = run_hf(hist)
                 t_ours, res = run_ours(hist)
-            ours_ms.append(t_ours)
-            hf_ms.append(t_hf)
-            decode_ms += res.timings_ms.get("decode", 0.0)
-            forward_ms += res.timings_ms.get("decode_forward", 0.0)
+            tally.add_times(t_ours, t_hf, res)
             if rep == 0:  # both searches are deterministic: check agreement once per batch
-                ours_codes, ours_scores = res.codes.cpu(), res.scores.cpu()
-                codes, scores = codes.cpu(), scores.cpu()
-                for b in range(len(hist)):
-                    users += 1
-                    agree += user_agrees(codes[b], scores[b], ours_codes[b], ours_scores[b], args.tol)
-                    both = (ours_scores[b] > REAL_SCORE) & (scores[b] > REAL_SCORE)
-                    if both.any():
-                        diff = (ours_scores[b][both] - scores[b][both]).abs().max()
-                        max_score_diff = max(max_score_diff, float(diff))
+                tally.add_agreement(res, codes, scores, tol)
+    return tally
 
+
+def width_row(width: int, k: int, n_batches: int, tally: WidthTally) -> dict:
+    ours_ms, hf_ms, decode_ms, forward_ms = tally.ours_ms, tally.hf_ms, tally.decode_ms, tally.forward_ms
     ours_p50, ours_p99 = np.percentile(ours_ms, [50, 99])
     hf_p50, hf_p99 = np.percentile(hf_ms, [50, 99])
     return {
         "beam_width": width,
         "k": k,
-        "batches": len(batches),
+        "batches": n_batches,
         "timed_batches_per_decoder": len(ours_ms),
         "ours_ms": {"p50": float(ours_p50), "p99": float(ours_p99), "mean": float(np.mean(ours_ms))},
         "hf_ms": {"p50": float(hf_p50), "p99": float(hf_p99), "mean": float(np.mean(hf_ms))},
@@ -165,10 +177,30 @@ def bench_width(
         "ours_decode_ms_per_batch": decode_ms / len(ours_ms),
         "ours_decode_forward_ms_per_batch": forward_ms / len(ours_ms),
         "overhead_share": (decode_ms - forward_ms) / decode_ms if decode_ms > 0 else float("nan"),
-        "agreement": agree / users,
-        "max_score_diff": max_score_diff,
+        "agreement": tally.agree / tally.users,
+        "max_score_diff": tally.max_score_diff,
         "samples_ms": {"ours": ours_ms, "hf": hf_ms},
     }
+
+
+def bench_width(
+    ctx: DecoderContext, hf, batches: list[list[list[int]]], width: int, args: argparse.Namespace
+) -> dict:
+    beam = get_decoder("beam")
+    k = min(args.k, width)
+    params = make_params(beam, {"beam_width": width, "k": k})
+
+    def run_ours(hist):
+        return timed_ms(ctx.device, beam.decode, ctx, hist, params)
+
+    def run_hf(hist):
+        return timed_ms(ctx.device, hf_top_k, hf, ctx, hist, width, k)
+
+    for hist in batches[: args.warmup]:
+        run_ours(hist)
+        run_hf(hist)
+    tally = timed_passes(run_ours, run_hf, batches, args.repeats, args.tol)
+    return width_row(width, k, len(batches), tally)
 
 
 def format_table(rows: list[dict]) -> str:
@@ -193,69 +225,68 @@ def format_table(rows: list[dict]) -> str:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
+def argv_and_command(argv: list[str] | None) -> tuple[list[str], str]:
+    """The arguments to parse and the command line to record."""
     if argv is None:
-        argv, command = sys.argv[1:], shlex.join(sys.orig_argv)
-    else:
-        command = shlex.join([sys.executable, "-m", "genrec.workloads.benchmarks.beam_vs_hf", *argv])
-    args = parse_args(argv)
-    try:
-        if args.threads:
-            torch.set_num_threads(args.threads)
-        ctx, ds, ckpt = load_context(args.model, args.data, args.device)
-        torch.manual_seed(0)
-        examples = ds.eval_examples("test")[: args.users]
-        if not examples:
-            raise UserInputError(f"{ds.root}: no user has both history and a test target")
-        histories = [ex.history for ex in examples]
-        batches = [histories[i : i + args.batch_size] for i in range(0, len(histories), args.batch_size)]
-        hf = to_hf_llama(ctx.model, attn_implementation=args.attn)
-        import transformers
+        return sys.argv[1:], shlex.join(sys.orig_argv)
+    return argv, shlex.join([sys.executable, "-m", "genrec.workloads.benchmarks.beam_vs_hf", *argv])
 
-        rows = []
-        for width in args.beam_widths:
-            rows.append(bench_width(ctx, hf, batches, width, args))
-            r = rows[-1]
-            print(
-                f"width {width}: ours {r['ours_ms']['p50']:.2f} ms, hf {r['hf_ms']['p50']:.2f} ms per batch, "
-                f"agreement {r['agreement']:.3f}",
-                file=sys.stderr,
-                flush=True,
-            )
-    except UserInputError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
 
-    device = ctx.device
-    print(
-        f"beam search vs HF transformers {transformers.__version__} generate ({args.attn}), {device}, "
-        f"threads={torch.get_num_threads()}, {len(histories)} users in batches of {args.batch_size}, "
-        f"{args.repeats} repeats; per-batch ms"
-    )
-    print(format_table(rows))
-    result = {
+def user_histories(ds: Dataset, users: int) -> list[list[int]]:
+    examples = ds.eval_examples("test")[:users]
+    if not examples:
+        raise UserInputError(f"{ds.root}: no user has both history and a test target")
+    return [ex.history for ex in examples]
+
+
+def bench_widths(
+    ctx: DecoderContext, hf, batches: list[list[list[int]]], args: argparse.Namespace
+) -> list[dict]:
+    rows = []
+    for width in args.beam_widths:
+        r = bench_width(ctx, hf, batches, width, args)
+        rows.append(r)
+        print(
+            f"width {width}: ours {r['ours_ms']['p50']:.2f} ms, hf {r['hf_ms']['p50']:.2f} ms per batch, "
+            f"agreement {r['agreement']:.3f}",
+            file=sys.stderr,
+            flush=True,
+        )
+    return rows
+
+
+def result_record(
+    args: argparse.Namespace,
+    command: str,
+    ctx: DecoderContext,
+    ds: Dataset,
+    ckpt: Checkpoint,
+    transformers_version: str,
+    users: int,
+    rows: list[dict],
+) -> dict:
+    return {
         "benchmark": "beam_vs_hf",
         "command": command,
-        "env": asdict(current_environment(device)),
-        "transformers_version": transformers.__version__,
+        "env": asdict(current_environment(ctx.device)),
+        "transformers_version": transformers_version,
         "hf_attn_implementation": args.attn,
         "model": str(Path(args.model).resolve()),
         "model_config": ckpt.model.config.to_dict(),
         "codebook_sizes": list(ctx.codec.codebook_sizes),
         "dataset": str(ds.root),
-        "users": len(histories),
+        "users": users,
         "batch_size": args.batch_size,
         "repeats": args.repeats,
         "warmup": args.warmup,
         "rows": rows,
     }
-    if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"wrote {out}")
+
+
+def mismatch_exit_code(rows: list[dict], allow_mismatch: bool) -> int:
+    """1 (with an error line) when a width's top-K SIDs differ from HF's, unless allowed."""
     bad = [r["beam_width"] for r in rows if r["agreement"] < 1.0]
-    if bad and not args.allow_mismatch:
+    if bad and not allow_mismatch:
         print(
             f"error: top-K SIDs differ from HF at beam widths {bad} (see agreement); "
             "pass --allow-mismatch to report without failing",
@@ -263,6 +294,39 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 1
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv, command = argv_and_command(argv)
+    args = parse_args(argv)
+    try:
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        ctx, ds, ckpt = load_context(args.model, args.data, args.device)
+        torch.manual_seed(0)
+        histories = user_histories(ds, args.users)
+        batches = [histories[i : i + args.batch_size] for i in range(0, len(histories), args.batch_size)]
+        hf = to_hf_llama(ctx.model, attn_implementation=args.attn)
+        import transformers
+
+        rows = bench_widths(ctx, hf, batches, args)
+    except UserInputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+    print(
+        f"beam search vs HF transformers {transformers.__version__} generate ({args.attn}), {ctx.device}, "
+        f"threads={torch.get_num_threads()}, {len(histories)} users in batches of {args.batch_size}, "
+        f"{args.repeats} repeats; per-batch ms"
+    )
+    print(format_table(rows))
+    result = result_record(args, command, ctx, ds, ckpt, transformers.__version__, len(histories), rows)
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {out}")
+    return mismatch_exit_code(rows, args.allow_mismatch)
 
 
 if __name__ == "__main__":

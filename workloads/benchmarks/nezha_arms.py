@@ -31,9 +31,14 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from genrec.workloads.errors import UserInputError
 from genrec.workloads.training.trainer import TrainConfig
+
+if TYPE_CHECKING:
+    from genrec.workloads.evaluation import EvalConfig
+    from genrec.workloads.results import ResultRow
 
 
 @dataclass(frozen=True)
@@ -109,6 +114,57 @@ def ensure_trained(data: str | Path, model_dir: Path, cfg: TrainConfig, progress
             train(data, model_dir, cfg, progress=progress)
 
 
+def arm_eval_config(
+    spec: Arm, beam_width: int, eval_batch_size: int, max_users: int, seed: int, device: str, threads: int
+) -> EvalConfig:
+    """The arm's EvalConfig: its decoder (and verification mode), K = 10, cut-offs 5 and 10."""
+    from genrec.workloads.evaluation import EvalConfig
+
+    params: dict = {"beam_width": beam_width, "k": 10}
+    if spec.verify is not None:
+        params["verify"] = spec.verify
+    return EvalConfig(
+        decoder=spec.decoder,
+        params=params,
+        ks=(5, 10),
+        batch_size=eval_batch_size,
+        max_users=max_users,
+        seed=seed,
+        device=device,
+        threads=threads,
+    )
+
+
+def arm_row(row: ResultRow, dataset_name: str, model_dir: Path, meta: dict) -> dict:
+    """The point's figures from the evaluation row and the checkpoint's training record (`meta`)."""
+    q, timings, counters = row.quality, row.timings_ms, row.counters
+    candidates = counters.get("candidates", 0.0)
+    out = {k: q[k] for k in QUALITY_KEYS}
+    out |= {
+        "invalid_rate": q["invalid_rate"],
+        "missing_rate": q.get("missing_rate", 0.0),
+        "valid_share": 1.0 - q["invalid_rate"] - q.get("missing_rate", 0.0),
+        "users_with_k_valid": q["users_with_k_valid"],  # the issue's "K valid items for 99% of users"
+        # head decoders: share of the unverified top-K drafts that are items (NEZHA-4's list)
+        "drafts_valid_share": counters["drafts_valid"] / candidates if candidates else float("nan"),
+        "latency_p50_ms": row.latency_ms["p50"],
+        "latency_p99_ms": row.latency_ms["p99"],
+        "prefill_ms": timings.get("prefill", 0.0),
+        # beam steps, or NEZHA's draft + verify (the paper's LT split)
+        "decode_ms": timings.get("decode", 0.0),
+        "verify_ms": timings.get("verify", 0.0),
+        "users": row.users,
+        "dataset_name": dataset_name,
+        "model_dir": str(model_dir),
+        "train_seconds": meta.get("train_seconds", float("nan")),
+        "train_steps": meta.get("steps", 0),
+        "best_epoch": meta.get("best_epoch", 0),
+        "best_val_loss": meta.get("best_val_loss", float("nan")),
+        "history_blind_val_loss": meta.get("history_blind_val_loss", float("nan")),
+    }
+    return out
+
+
 def arm_point(
     arm: str,
     data: str = "runs/data/synth",
@@ -130,7 +186,7 @@ def arm_point(
 ) -> dict:
     """Train (or reuse) the arm's checkpoint for `seed` and evaluate it on the test split."""
     from genrec.workloads.decoding import mtp as _mtp  # noqa: F401  (registers nezha and mtp)
-    from genrec.workloads.evaluation import EvalConfig, evaluate, load_context
+    from genrec.workloads.evaluation import evaluate, load_context
 
     cfg = arm_train_config(  # refuses an unknown arm
         arm,
@@ -145,48 +201,10 @@ def arm_point(
         threads=threads,
         head_batching=head_batching,
     )
-    spec = ARMS[arm]
     model_dir = checkpoint_dir(models_dir, data, cfg)
     ensure_trained(data, model_dir, cfg, progress)
     ctx, ds, ckpt = load_context(model_dir, data, device)
-    meta = ckpt.meta  # config.json: training time, steps, best epoch and losses
-    params: dict = {"beam_width": beam_width, "k": 10}
-    if spec.verify is not None:
-        params["verify"] = spec.verify
-    ec = EvalConfig(
-        decoder=spec.decoder,
-        params=params,
-        ks=(5, 10),
-        batch_size=eval_batch_size,
-        max_users=max_users,
-        seed=seed,
-        device=device,
-        threads=threads,
-    )
+    ec = arm_eval_config(ARMS[arm], beam_width, eval_batch_size, max_users, seed, device, threads)
     row = evaluate(ctx, ds, ec, model_dir.name, progress=progress).row
-    q, timings, counters = row.quality, row.timings_ms, row.counters
-    candidates = counters.get("candidates", 0.0)
-    out = {k: q[k] for k in QUALITY_KEYS}
-    out |= {
-        "invalid_rate": q["invalid_rate"],
-        "missing_rate": q.get("missing_rate", 0.0),
-        "valid_share": 1.0 - q["invalid_rate"] - q.get("missing_rate", 0.0),
-        "users_with_k_valid": q["users_with_k_valid"],  # the issue's "K valid items for 99% of users"
-        # head decoders: share of the unverified top-K drafts that are items (NEZHA-4's list)
-        "drafts_valid_share": counters["drafts_valid"] / candidates if candidates else float("nan"),
-        "latency_p50_ms": row.latency_ms["p50"],
-        "latency_p99_ms": row.latency_ms["p99"],
-        "prefill_ms": timings.get("prefill", 0.0),
-        # beam steps, or NEZHA's draft + verify (the paper's LT split)
-        "decode_ms": timings.get("decode", 0.0),
-        "verify_ms": timings.get("verify", 0.0),
-        "users": row.users,
-        "dataset_name": ds.manifest.name,
-        "model_dir": str(model_dir),
-        "train_seconds": meta.get("train_seconds", float("nan")),
-        "train_steps": meta.get("steps", 0),
-        "best_epoch": meta.get("best_epoch", 0),
-        "best_val_loss": meta.get("best_val_loss", float("nan")),
-        "history_blind_val_loss": meta.get("history_blind_val_loss", float("nan")),
-    }
-    return out
+    # ckpt.meta is config.json: training time, steps, best epoch and losses
+    return arm_row(row, ds.manifest.name, model_dir, ckpt.meta)
