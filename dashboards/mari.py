@@ -12,6 +12,7 @@ shares one colour axis: a diverging scale centred at 1.0x with the same ends in 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -70,32 +71,83 @@ def heatmap_figure(part: pd.DataFrame, title: str, coloraxis: dict):
     return fig
 
 
-def matmul_sections(df: pd.DataFrame, figure: FigureWriter) -> list[tuple[str, str, str]]:
-    import plotly.graph_objects as go
+MATMUL_KEYS = ["b", "d_user", "d_item", "d_hidden", "d_cross"]
+SHAPE_KEYS = ["d_item", "d_hidden", "d_cross"]  # a heatmap pair, and a line dash, per shape
+SIZE_LABELS = {"b": "B", "d_user": "D_user", "d_item": "D_item", "d_cross": "D_cross", "d_hidden": "D_hidden"}
+MATMUL_NOTE = (
+    '<p class="note">Cells: median vanilla time / median MaRI time (interleaved reps, same inputs), and '
+    "the theoretical FLOPs ratio of appendix B (eq. 8 / eq. 9). "
+    "One pair per (D_item, D_hidden, D_cross); one colour scale for every panel: white = 1.0x, blue = "
+    "MaRI faster, red = slower. Paper (GPU): time 0.97-1.61x, FLOPs 1.4-10.95x.</p>"
+)
+# the points tables: (header, column, its cells' str.format template or a function of the value)
+MATMUL_TABLE = (
+    *((label, size, "{}") for size, label in SIZE_LABELS.items()),
+    ("FLOPs x", "flops_speedup", "{:.2f}"),
+    ("time x", "time_speedup", "{:.2f}"),
+    ("vanilla ms", "time_vanilla_ms", "{:.2f}"),
+    ("MaRI ms", "time_mari_ms", "{:.2f}"),
+)
+FRAGMENTED_TABLE = (
+    ("chunk", "chunk", int),
+    ("vanilla ms", "time_vanilla_ms", "{:.2f}"),
+    ("neat MaRI ms", "time_mari_neat_ms", "{:.2f}"),
+    ("fragmented MaRI ms", "time_mari_fragmented_ms", "{:.2f}"),
+    ("vs neat", "degradation_vs_neat_pct", "{:+.1f}%"),
+    ("vs vanilla", "degradation_vs_vanilla_pct", "{:+.1f}%"),
+)
+MODEL_MODES = [("vani", "VanI"), ("uoi", "UOI"), ("mari", "MaRI")]
+MODEL_TABLE = (
+    ("B", "b", int),
+    *((f"{label} ms", f"time_{m}_ms", "{:.2f}") for m, label in MODEL_MODES),
+    ("UOI/VanI x", "speedup_uoi_vs_vani", "{:.2f}"),
+    ("MaRI/UOI x", "speedup_mari_vs_uoi", "{:.2f}"),
+    ("MaRI/VanI x", "speedup_mari_vs_vani", "{:.2f}"),
+    ("max |MaRI - VanI|", "max_abs_diff_mari", "{:.1e}"),
+)
 
-    keys = ["b", "d_user", "d_item", "d_hidden", "d_cross"]
-    agg = _mean_by(df, keys, ["time_speedup", "flops_speedup", "time_vanilla_ms", "time_mari_ms"])
-    sections = []
-    body = (
-        '<p class="note">Cells: median vanilla time / median MaRI time (interleaved reps, same inputs), and '
-        "the theoretical FLOPs ratio of appendix B (eq. 8 / eq. 9). "
-        "One pair per (D_item, D_hidden, D_cross); one colour scale for every panel: white = 1.0x, blue = "
-        "MaRI faster, red = slower. Paper (GPU): time 0.97-1.61x, FLOPs 1.4-10.95x.</p>"
-    )
+
+def _sizes_text(sizes: Sequence[str], values: Sequence[object], sep: str) -> str:
+    """'D_item=1000, D_hidden=512' for sizes ["d_item", "d_hidden"], values (1000, 512) and sep ", "."""
+    return sep.join(f"{SIZE_LABELS[size]}={format_value(v)}" for size, v in zip(sizes, values))
+
+
+def _cell(value: object, fmt: str | Callable[[object], object]) -> object:
+    return fmt.format(value) if isinstance(fmt, str) else fmt(value)
+
+
+def points_table(frame: pd.DataFrame, columns: Sequence[tuple[str, str, str | Callable]]) -> str:
+    """A table with a row per row of `frame`, its cells formatted as `columns` say."""
+    rows = [[_cell(getattr(r, column), fmt) for _, column, fmt in columns] for r in frame.itertuples()]
+    return html_table([header for header, _, _ in columns], rows)
+
+
+def _table_means(df: pd.DataFrame, columns: Sequence[tuple[str, str, str | Callable]]) -> pd.DataFrame:
+    """A points table's value columns averaged per its first (key) column, sorted by that key."""
+    key = columns[0][1]
+    return _mean_by(df, [key], [column for _, column, _ in columns[1:]]).sort_values(key)
+
+
+def heatmaps_html(agg: pd.DataFrame, figure: FigureWriter) -> str:
+    """The note and a heatmap pair per (D_item, D_hidden, D_cross), all on one colour axis."""
+    body = MATMUL_NOTE
     coloraxis = ratio_coloraxis([*agg["time_speedup"], *agg["flops_speedup"]])
-    for (di, dh, dc), part in agg.groupby(["d_item", "d_hidden", "d_cross"]):
-        title = f"D_item={format_value(di)}, D_hidden={format_value(dh)}, D_cross={format_value(dc)}"
+    for (di, dh, dc), part in agg.groupby(SHAPE_KEYS):
+        title = _sizes_text(SHAPE_KEYS, (di, dh, dc), ", ")
         body += figure(heatmap_figure(part, title, coloraxis))
-    sections.append(("mari-heatmaps", "MaRI vs vanilla MatMul: speedup heatmaps", body))
+    return body
+
+
+def speedup_lines_figure(agg: pd.DataFrame):
+    """Time speed-up vs B, a line per (D_user, D_item, D_hidden, D_cross)."""
+    import plotly.graph_objects as go
 
     fig = go.Figure()
     d_users = sorted(agg["d_user"].unique())
-    shapes = sorted({tuple(k) for k in agg[["d_item", "d_hidden", "d_cross"]].itertuples(index=False)})
-    for key, part in agg.groupby(["d_user", "d_item", "d_hidden", "d_cross"]):
+    shapes = sorted({tuple(k) for k in agg[SHAPE_KEYS].itertuples(index=False)})
+    for key, part in agg.groupby(["d_user", *SHAPE_KEYS]):
         part = part.sort_values("b")
-        name = " ".join(
-            f"{k}={format_value(v)}" for k, v in zip(("D_user", "D_item", "D_hidden", "D_cross"), key)
-        )
+        name = _sizes_text(["d_user", *SHAPE_KEYS], key, " ")
         # MaRI's colour, lighter for a smaller D_user; a dash per (D_item, D_hidden, D_cross)
         shade = tint(
             colour("mari"), 0.6 * (len(d_users) - 1 - d_users.index(key[0])) / max(1, len(d_users) - 1)
@@ -114,45 +166,33 @@ def matmul_sections(df: pd.DataFrame, figure: FigureWriter) -> list[tuple[str, s
     fig.update_layout(
         height=450, xaxis=axis("b", agg["b"], log=len(set(agg["b"])) > 1), yaxis=axis("time_speedup")
     )
-    sections.append(("mari-lines", "Time speedup vs B", figure(fig)))
-    rows = [
-        [
-            r.b,
-            r.d_user,
-            r.d_item,
-            r.d_cross,
-            r.d_hidden,
-            f"{r.flops_speedup:.2f}",
-            f"{r.time_speedup:.2f}",
-            f"{r.time_vanilla_ms:.2f}",
-            f"{r.time_mari_ms:.2f}",
-        ]
-        for r in agg.sort_values(keys).itertuples()
+    return fig
+
+
+def matmul_sections(df: pd.DataFrame, figure: FigureWriter) -> list[tuple[str, str, str]]:
+    agg = _mean_by(df, MATMUL_KEYS, ["time_speedup", "flops_speedup", "time_vanilla_ms", "time_mari_ms"])
+    table = points_table(agg.sort_values(MATMUL_KEYS), MATMUL_TABLE)
+    return [
+        ("mari-heatmaps", "MaRI vs vanilla MatMul: speedup heatmaps", heatmaps_html(agg, figure)),
+        ("mari-lines", "Time speedup vs B", figure(speedup_lines_figure(agg))),
+        ("mari-table", "Every point", f"<details><summary>{len(agg)} points</summary>{table}</details>"),
     ]
-    table = html_table(
-        ["B", "D_user", "D_item", "D_cross", "D_hidden", "FLOPs x", "time x", "vanilla ms", "MaRI ms"], rows
-    )
-    sections.append(
-        ("mari-table", "Every point", f"<details><summary>{len(rows)} points</summary>{table}</details>")
-    )
-    return sections
 
 
 def fragmented_sections(df: pd.DataFrame, figure: FigureWriter) -> list[tuple[str, str, str]]:
+    agg = _table_means(df, FRAGMENTED_TABLE)
+    note = (
+        '<p class="note">Fragmented MaRI runs one MatMul per feature chunk; neat MaRI runs three after the '
+        "columns and weight rows are reorganised into [user | item | cross].</p>"
+    )
+    body = note + figure(fragmented_figure(agg)) + points_table(agg, FRAGMENTED_TABLE)
+    return [("mari-fragmented", "Fragmented vs neat layout", body)]
+
+
+def fragmented_figure(agg: pd.DataFrame):
+    """Latency increase of fragmented MaRI vs chunk size, measured (solid) and the paper's (dotted)."""
     import plotly.graph_objects as go
 
-    agg = _mean_by(
-        df,
-        ["chunk"],
-        [
-            "degradation_vs_neat_pct",
-            "degradation_vs_vanilla_pct",
-            "time_mari_neat_ms",
-            "time_mari_fragmented_ms",
-            "time_vanilla_ms",
-        ],
-    )
-    agg = agg.sort_values("chunk")
     chunks = sorted(PAPER_TABLE3)
     # (x, y, name, baseline whose colour the line takes, dash): measured solid, the paper's dotted
     lines = (
@@ -177,40 +217,21 @@ def fragmented_sections(df: pd.DataFrame, figure: FigureWriter) -> list[tuple[st
         xaxis=axis("chunk", [*agg["chunk"], *chunks], log=True),
         yaxis=axis("degradation_vs_neat_pct", title="latency increase of fragmented MaRI (%)"),
     )
-    rows = [
-        [
-            int(r.chunk),
-            f"{r.time_vanilla_ms:.2f}",
-            f"{r.time_mari_neat_ms:.2f}",
-            f"{r.time_mari_fragmented_ms:.2f}",
-            f"{r.degradation_vs_neat_pct:+.1f}%",
-            f"{r.degradation_vs_vanilla_pct:+.1f}%",
-        ]
-        for r in agg.itertuples()
-    ]
-    table = html_table(
-        ["chunk", "vanilla ms", "neat MaRI ms", "fragmented MaRI ms", "vs neat", "vs vanilla"], rows
-    )
-    note = (
-        '<p class="note">Fragmented MaRI runs one MatMul per feature chunk; neat MaRI runs three after the '
-        "columns and weight rows are reorganised into [user | item | cross].</p>"
-    )
-    return [("mari-fragmented", "Fragmented vs neat layout", note + figure(fig) + table)]
+    return fig
 
 
 def model_sections(df: pd.DataFrame, figure: FigureWriter) -> list[tuple[str, str, str]]:
+    agg = _table_means(df, MODEL_TABLE)
+    body = figure(model_figure(agg)) + points_table(agg, MODEL_TABLE)
+    return [("mari-model", "Whole model: VanI / UOI / MaRI", body)]
+
+
+def model_figure(agg: pd.DataFrame):
+    """Model latency per B, a bar per mode."""
     import plotly.graph_objects as go
 
-    modes = [("vani", "VanI"), ("uoi", "UOI"), ("mari", "MaRI")]
-    agg = _mean_by(
-        df,
-        ["b"],
-        [f"time_{m}_ms" for m, _ in modes]
-        + ["speedup_uoi_vs_vani", "speedup_mari_vs_uoi", "speedup_mari_vs_vani", "max_abs_diff_mari"],
-    )
-    agg = agg.sort_values("b")
     fig = go.Figure()
-    for m, label in modes:
+    for m, label in MODEL_MODES:
         fig.add_trace(
             go.Bar(
                 x=[format_value(b) for b in agg["b"]],
@@ -225,24 +246,7 @@ def model_sections(df: pd.DataFrame, figure: FigureWriter) -> list[tuple[str, st
         xaxis={**axis("b"), "type": "category"},
         yaxis=axis("time_mari_ms", title="model latency per call, median over reps (ms)"),
     )
-    rows = [
-        [
-            int(r.b),
-            f"{r.time_vani_ms:.2f}",
-            f"{r.time_uoi_ms:.2f}",
-            f"{r.time_mari_ms:.2f}",
-            f"{r.speedup_uoi_vs_vani:.2f}",
-            f"{r.speedup_mari_vs_uoi:.2f}",
-            f"{r.speedup_mari_vs_vani:.2f}",
-            f"{r.max_abs_diff_mari:.1e}",
-        ]
-        for r in agg.itertuples()
-    ]
-    table = html_table(
-        ["B", "VanI ms", "UOI ms", "MaRI ms", "UOI/VanI x", "MaRI/UOI x", "MaRI/VanI x", "max |MaRI - VanI|"],
-        rows,
-    )
-    return [("mari-model", "Whole model: VanI / UOI / MaRI", figure(fig) + table)]
+    return fig
 
 
 def build_mari_report(

@@ -113,6 +113,10 @@ def _ratio_stats(num: list[float], den: list[float]) -> tuple[float, float]:
     ) > 1 else 0.0
 
 
+def _max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max())
+
+
 def _setup(threads: int, device: str, seed: int) -> torch.device:
     if threads > 0:
         torch.set_num_threads(threads)
@@ -123,26 +127,36 @@ def _setup(threads: int, device: str, seed: int) -> torch.device:
     return dev
 
 
-def matmul_point(
-    b: int = 1000,
-    d_user: int = 4000,
-    d_item: int = 1000,
-    d_cross: int = 0,
-    d_hidden: int = 512,
-    reps: int = 20,
-    warmup: int = 3,
-    threads: int = 2,
-    device: str = "cpu",
-    seed: int = 0,
-    with_concat: bool = False,
-) -> dict:
-    """One Table-2 point: vanilla vs MaRI fusion MatMul, interleaved, same inputs and weights."""
+def result_header(benchmark: str, dev: torch.device, **fields: object) -> dict:
+    """The opening keys of a benchmark's JSON result; `fields` go before the start load average."""
+    return {
+        "benchmark": benchmark,
+        "argv": sys.argv[1:],
+        "env": asdict(current_environment(dev)),
+        **fields,
+        "loadavg_start": os.getloadavg(),  # other work on a shared machine makes CPU times noisy
+    }
+
+
+def write_result(out: Path | None, result: dict) -> None:
+    """Write the JSON result to --out, when one was given."""
+    if out:
+        atomic_write_text(out, json.dumps(result, indent=2) + "\n")
+        print(f"-> {out}")
+
+
+def _check_matmul_sizes(b: int, d_user: int, d_item: int, d_cross: int, d_hidden: int, reps: int) -> None:
     for name, v in (("b", b), ("d_user", d_user), ("d_item", d_item), ("d_hidden", d_hidden), ("reps", reps)):
         if v < 1:
             raise ValueError(f"{name} must be >= 1, got {v}")
     if d_cross < 0:
         raise ValueError(f"d_cross must be >= 0, got {d_cross}")
-    dev = _setup(threads, device, seed)
+
+
+def matmul_methods(
+    b: int, d_user: int, d_item: int, d_cross: int, d_hidden: int, dev: torch.device
+) -> dict[str, Callable[[], torch.Tensor]]:
+    """vanilla, mari and concat (see the module doc) on one request's random inputs and weights."""
     d = d_user + d_item + d_cross
     x_user = torch.randn(1, d_user, device=dev)
     x_item = torch.randn(b, d_item, device=dev)
@@ -163,54 +177,68 @@ def matmul_point(
     def concat() -> torch.Tensor:
         return torch.addmm(bias, torch.cat([x_user.expand(b, -1), x_item, x_cross], 1), w)
 
-    fns = {"vanilla": vanilla, "mari": mari} | ({"concat": concat} if with_concat else {})
-    with torch.inference_mode():
-        ref, got = vanilla(), mari()
-        max_abs_diff = float((ref - got).abs().max())
-        scale = float(ref.abs().max())
-        times = interleaved_times(fns, reps, warmup, dev)
+    return {"vanilla": vanilla, "mari": mari, "concat": concat}
+
+
+def _matmul_timings(times: dict[str, list[float]]) -> dict:
     speedup, speedup_std = _ratio_stats(times["vanilla"], times["mari"])
-    out = {
-        "b": b,
-        "d_user": d_user,
-        "d_item": d_item,
-        "d_cross": d_cross,
-        "d_hidden": d_hidden,
-        "flops_vanilla": matmul_flops_vanilla(b, d_user, d_item, d_cross, d_hidden),
-        "flops_mari": matmul_flops_mari(b, d_user, d_item, d_cross, d_hidden),
-        "flops_speedup": flops_speedup(b, d_user, d_item, d_cross, d_hidden),
+    return {
         "time_vanilla_ms": statistics.median(times["vanilla"]),
         "time_mari_ms": statistics.median(times["mari"]),
         "time_speedup": speedup,
         "time_speedup_std": speedup_std,
-        "max_abs_diff": max_abs_diff,
-        "max_rel_diff": max_abs_diff / max(scale, 1e-30),
-        "reps": reps,
     }
-    if with_concat:
-        out["time_concat_ms"] = statistics.median(times["concat"])
-        out["time_speedup_vs_concat"] = _ratio_stats(times["concat"], times["mari"])[0]
-    return out
 
 
-def fragmented_point(
-    chunk: int = 50,
-    b: int = 2000,
+def _concat_timings(times: dict[str, list[float]]) -> dict:
+    return {
+        "time_concat_ms": statistics.median(times["concat"]),
+        "time_speedup_vs_concat": _ratio_stats(times["concat"], times["mari"])[0],
+    }
+
+
+def matmul_point(
+    b: int = 1000,
     d_user: int = 4000,
     d_item: int = 1000,
     d_cross: int = 0,
-    d_hidden: int = 256,
+    d_hidden: int = 512,
     reps: int = 20,
     warmup: int = 3,
     threads: int = 2,
     device: str = "cpu",
     seed: int = 0,
+    with_concat: bool = False,
 ) -> dict:
-    """One Table-3 point: fragmented MaRI (a MatMul per chunk) vs neat MaRI vs the vanilla MatMul."""
-    if chunk < 1 or b < 1 or reps < 1:
-        raise ValueError(f"chunk, b and reps must be >= 1, got chunk={chunk}, b={b}, reps={reps}")
+    """One Table-2 point: vanilla vs MaRI fusion MatMul, interleaved, same inputs and weights."""
+    _check_matmul_sizes(b, d_user, d_item, d_cross, d_hidden, reps)
     dev = _setup(threads, device, seed)
-    layout = fragmented_layout(d_user, d_item, d_cross, chunk)
+    sizes = (b, d_user, d_item, d_cross, d_hidden)
+    fns = matmul_methods(*sizes, dev)
+    if not with_concat:
+        del fns["concat"]
+    with torch.inference_mode():
+        ref = fns["vanilla"]()
+        max_abs_diff = _max_abs_diff(ref, fns["mari"]())
+        scale = float(ref.abs().max())
+        times = interleaved_times(fns, reps, warmup, dev)
+    return {
+        **dict(zip(("b", "d_user", "d_item", "d_cross", "d_hidden"), sizes)),
+        "flops_vanilla": matmul_flops_vanilla(*sizes),
+        "flops_mari": matmul_flops_mari(*sizes),
+        "flops_speedup": flops_speedup(*sizes),
+        **_matmul_timings(times),
+        "max_abs_diff": max_abs_diff,
+        "max_rel_diff": max_abs_diff / max(scale, 1e-30),
+        "reps": reps,
+        **(_concat_timings(times) if with_concat else {}),
+    }
+
+
+def fragmented_methods(
+    layout: FeatureLayout, b: int, d_hidden: int, dev: torch.device
+) -> dict[str, Callable[[], torch.Tensor]]:
+    """vanilla, neat MaRI and fragmented MaRI on one random request in the fragmented `layout`."""
     d = layout.width
     w = torch.randn(d, d_hidden, device=dev) / d**0.5
     bias = torch.randn(d_hidden, device=dev)
@@ -239,21 +267,13 @@ def fragmented_point(
     def mari_fragmented() -> torch.Tensor:
         return mari_chunked(*frag, bias)
 
-    fns = {"vanilla": vanilla, "mari_neat": mari_neat, "mari_fragmented": mari_fragmented}
-    with torch.inference_mode():
-        ref = vanilla()
-        max_abs_diff = max(float((ref - f()).abs().max()) for f in (mari_neat, mari_fragmented))
-        times = interleaved_times(fns, reps, warmup, dev)
+    return {"vanilla": vanilla, "mari_neat": mari_neat, "mari_fragmented": mari_fragmented}
+
+
+def _fragmented_timings(times: dict[str, list[float]]) -> dict:
     vs_vanilla = _ratio_stats(times["mari_fragmented"], times["vanilla"])[0]
     vs_neat, vs_neat_std = _ratio_stats(times["mari_fragmented"], times["mari_neat"])
     return {
-        "chunk": chunk,
-        "b": b,
-        "d_user": d_user,
-        "d_item": d_item,
-        "d_cross": d_cross,
-        "d_hidden": d_hidden,
-        "chunks": len(layout.chunks),
         "time_vanilla_ms": statistics.median(times["vanilla"]),
         "time_mari_neat_ms": statistics.median(times["mari_neat"]),
         "time_mari_fragmented_ms": statistics.median(times["mari_fragmented"]),
@@ -263,6 +283,41 @@ def fragmented_point(
         "degradation_vs_vanilla_pct": 100 * (vs_vanilla - 1),
         "degradation_vs_neat_pct": 100 * (vs_neat - 1),
         "neat_speedup_vs_vanilla": _ratio_stats(times["vanilla"], times["mari_neat"])[0],
+    }
+
+
+def fragmented_point(
+    chunk: int = 50,
+    b: int = 2000,
+    d_user: int = 4000,
+    d_item: int = 1000,
+    d_cross: int = 0,
+    d_hidden: int = 256,
+    reps: int = 20,
+    warmup: int = 3,
+    threads: int = 2,
+    device: str = "cpu",
+    seed: int = 0,
+) -> dict:
+    """One Table-3 point: fragmented MaRI (a MatMul per chunk) vs neat MaRI vs the vanilla MatMul."""
+    if chunk < 1 or b < 1 or reps < 1:
+        raise ValueError(f"chunk, b and reps must be >= 1, got chunk={chunk}, b={b}, reps={reps}")
+    dev = _setup(threads, device, seed)
+    layout = fragmented_layout(d_user, d_item, d_cross, chunk)
+    fns = fragmented_methods(layout, b, d_hidden, dev)
+    with torch.inference_mode():
+        ref = fns["vanilla"]()
+        max_abs_diff = max(_max_abs_diff(ref, fns[m]()) for m in ("mari_neat", "mari_fragmented"))
+        times = interleaved_times(fns, reps, warmup, dev)
+    return {
+        "chunk": chunk,
+        "b": b,
+        "d_user": d_user,
+        "d_item": d_item,
+        "d_cross": d_cross,
+        "d_hidden": d_hidden,
+        "chunks": len(layout.chunks),
+        **_fragmented_timings(times),
         "max_abs_diff": max_abs_diff,
         "reps": reps,
     }
@@ -276,6 +331,53 @@ def table2_points() -> list[tuple[str, dict]]:
     return pts
 
 
+def table2_rows(args: argparse.Namespace, common: dict) -> list[dict]:
+    rows = []
+    for setting, p in table2_points():
+        r = matmul_point(**p, **common, with_concat=args.with_concat)
+        paper = PAPER_TABLE2[setting][p[setting]]
+        r |= {"setting": setting, "paper_flops_speedup": paper[0], "paper_time_speedup": paper[1]}
+        rows.append(r)
+        print(
+            f"{setting:>8}={p[setting]:>5}: flops x{r['flops_speedup']:.2f} (paper {paper[0]:.2f})  "
+            f"time x{r['time_speedup']:.2f}+-{r['time_speedup_std']:.2f} (paper {paper[1]:.2f})  "
+            f"vanilla {r['time_vanilla_ms']:.2f} ms mari {r['time_mari_ms']:.2f} ms",
+            flush=True,
+        )
+    return rows
+
+
+def grid_rows(args: argparse.Namespace, common: dict) -> list[dict]:
+    rows = []
+    for b, du, di, dh in itertools.product(args.bs, args.d_users, args.d_items, args.d_hiddens):
+        r = matmul_point(b, du, di, args.d_cross, dh, **common, with_concat=args.with_concat)
+        rows.append(r)
+        print(
+            f"B={b} Du={du} Di={di} Dc={args.d_cross} d={dh}: flops x{r['flops_speedup']:.2f} "
+            f"time x{r['time_speedup']:.2f}",
+            flush=True,
+        )
+    return rows
+
+
+def table3_rows(args: argparse.Namespace, common: dict) -> list[dict]:
+    rows = []
+    for c in args.chunks:
+        r = fragmented_point(c, b=args.frag_b, d_user=4000, d_item=1000, d_cross=0, d_hidden=256, **common)
+        paper = PAPER_TABLE3.get(c)
+        if paper:
+            r |= {"paper_degradation_vs_vanilla_pct": paper[0], "paper_degradation_vs_neat_pct": paper[1]}
+        rows.append(r)
+        print(
+            f"chunk {c:>4} ({r['chunks']} chunks): fragmented/neat x{r['fragmented_over_neat']:.2f} "
+            f"(+{r['degradation_vs_neat_pct']:.0f}%, paper +{paper[1] if paper else float('nan')}%), "
+            f"vs vanilla {r['degradation_vs_vanilla_pct']:+.0f}% "
+            f"(paper {paper[0] if paper else float('nan')}%)",
+            flush=True,
+        )
+    return rows
+
+
 def run(args: argparse.Namespace) -> dict:
     common = {
         "reps": args.reps,
@@ -284,53 +386,14 @@ def run(args: argparse.Namespace) -> dict:
         "device": args.device,
         "seed": args.seed,
     }
-    result: dict = {"benchmark": "mari_matmul", "argv": sys.argv[1:]}
-    dev = _setup(args.threads, args.device, args.seed)
-    result["env"] = asdict(current_environment(dev))
-    result["loadavg_start"] = os.getloadavg()  # other work on a shared machine makes CPU times noisy
-    if args.table2:
-        rows = []
-        for setting, p in table2_points():
-            r = matmul_point(**p, **common, with_concat=args.with_concat)
-            paper = PAPER_TABLE2[setting][p[setting]]
-            r |= {"setting": setting, "paper_flops_speedup": paper[0], "paper_time_speedup": paper[1]}
-            rows.append(r)
-            print(
-                f"{setting:>8}={p[setting]:>5}: flops x{r['flops_speedup']:.2f} (paper {paper[0]:.2f})  "
-                f"time x{r['time_speedup']:.2f}+-{r['time_speedup_std']:.2f} (paper {paper[1]:.2f})  "
-                f"vanilla {r['time_vanilla_ms']:.2f} ms mari {r['time_mari_ms']:.2f} ms",
-                flush=True,
-            )
-        result["table2"] = rows
-    if args.grid:
-        rows = []
-        for b, du, di, dh in itertools.product(args.bs, args.d_users, args.d_items, args.d_hiddens):
-            r = matmul_point(b, du, di, args.d_cross, dh, **common, with_concat=args.with_concat)
-            rows.append(r)
-            print(
-                f"B={b} Du={du} Di={di} Dc={args.d_cross} d={dh}: flops x{r['flops_speedup']:.2f} "
-                f"time x{r['time_speedup']:.2f}",
-                flush=True,
-            )
-        result["grid"] = rows
-    if args.table3:
-        rows = []
-        for c in args.chunks:
-            r = fragmented_point(
-                c, b=args.frag_b, d_user=4000, d_item=1000, d_cross=0, d_hidden=256, **common
-            )
-            paper = PAPER_TABLE3.get(c)
-            if paper:
-                r |= {"paper_degradation_vs_vanilla_pct": paper[0], "paper_degradation_vs_neat_pct": paper[1]}
-            rows.append(r)
-            print(
-                f"chunk {c:>4} ({r['chunks']} chunks): fragmented/neat x{r['fragmented_over_neat']:.2f} "
-                f"(+{r['degradation_vs_neat_pct']:.0f}%, paper +{paper[1] if paper else float('nan')}%), "
-                f"vs vanilla {r['degradation_vs_vanilla_pct']:+.0f}% "
-                f"(paper {paper[0] if paper else float('nan')}%)",
-                flush=True,
-            )
-        result["table3"] = rows
+    result = result_header("mari_matmul", _setup(args.threads, args.device, args.seed))
+    for wanted, key, rows in (
+        (args.table2, "table2", table2_rows),
+        (args.grid, "grid", grid_rows),
+        (args.table3, "table3", table3_rows),
+    ):
+        if wanted:
+            result[key] = rows(args, common)
     result["loadavg_end"] = os.getloadavg()
     return result
 
@@ -361,10 +424,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if not (args.table2 or args.table3 or args.grid):
         args.table2 = args.table3 = True
-    result = run(args)
-    if args.out:
-        atomic_write_text(args.out, json.dumps(result, indent=2) + "\n")
-        print(f"-> {args.out}")
+    write_result(args.out, run(args))
     return 0
 
 

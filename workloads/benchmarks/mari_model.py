@@ -12,10 +12,9 @@ three modes interleaved rep by rep; the scores of UOI and MaRI are compared with
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import sys
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from functools import lru_cache
 from pathlib import Path
@@ -23,15 +22,20 @@ from pathlib import Path
 import torch
 
 from genrec.workloads.benchmarks.cuda_graph import capture_cuda_graph
-from genrec.workloads.benchmarks.mari_matmul import _ratio_stats, _setup, interleaved_times
+from genrec.workloads.benchmarks.mari_matmul import (
+    _max_abs_diff,
+    _ratio_stats,
+    _setup,
+    interleaved_times,
+    result_header,
+    write_result,
+)
 from genrec.workloads.errors import run_main
-from genrec.workloads.io import atomic_write_text
 from genrec.workloads.ranking.flops import counted_flops
 from genrec.workloads.ranking.model import BENCH_CONFIG, RankingConfig
 from genrec.workloads.ranking.modes import MODES, RankingScorer
 from genrec.workloads.ranking.synth import synth_clicks
 from genrec.workloads.ranking.train import train_ranking
-from genrec.workloads.results import current_environment
 
 
 @lru_cache(maxsize=2)
@@ -39,6 +43,44 @@ def trained_scorer(cfg: RankingConfig, train_steps: int, seed: int) -> tuple[Ran
     """Train once per (config, steps, seed) in this process; sweeps reuse it across trials."""
     res = train_ranking(cfg, steps=train_steps, batch=256, seed=seed)
     return RankingScorer(res.model), res.valid_auc
+
+
+def _mode_calls(
+    scorer: RankingScorer, cfg: RankingConfig, b: int, seed: int, dev: torch.device
+) -> dict[str, Callable[[], torch.Tensor]]:
+    """Each mode scoring one request: one user against B candidates from the synthetic data."""
+    scorer.model.to(dev)
+    scorer._mari = None  # rebuild the MaRI graph on this device
+    data = synth_clicks(cfg, rows=b, seed=seed, split=2)
+    profile, seq = data.profile[:1].to(dev), data.seq[:1].to(dev)  # one user ...
+    items, cross = data.item.to(dev), data.cross.to(dev)  # ... against B candidates
+    return {m: (lambda m=m: scorer.run(profile, seq, items, cross, m)) for m in MODES}
+
+
+def _swap_in_cuda_graphs(
+    fns: dict[str, Callable[[], torch.Tensor]], scores: dict[str, torch.Tensor], dev: torch.device
+) -> float:
+    """Replace each mode's call by a replay of its captured CUDA graph; the largest |graph - eager|."""
+    graph_diff = 0.0
+    for m in MODES:
+        fns[m], out = capture_cuda_graph(fns[m], dev)
+        fns[m]()
+        graph_diff = max(graph_diff, _max_abs_diff(out, scores[m]))
+    return graph_diff
+
+
+def _mode_metrics(
+    times: dict[str, list[float]], flops: dict[str, int], scores: dict[str, torch.Tensor]
+) -> dict:
+    return {
+        **{f"time_{m}_ms": statistics.median(times[m]) for m in MODES},
+        **{f"flops_{m}": flops[m] for m in MODES},
+        "speedup_uoi_vs_vani": _ratio_stats(times["vani"], times["uoi"])[0],
+        "speedup_mari_vs_uoi": _ratio_stats(times["uoi"], times["mari"])[0],
+        "speedup_mari_vs_vani": _ratio_stats(times["vani"], times["mari"])[0],
+        "max_abs_diff_uoi": _max_abs_diff(scores["uoi"], scores["vani"]),
+        "max_abs_diff_mari": _max_abs_diff(scores["mari"], scores["vani"]),
+    }
 
 
 def model_point(
@@ -66,55 +108,26 @@ def model_point(
     if b < 1 or reps < 1 or train_steps < 0:
         raise ValueError(f"b and reps must be >= 1, train_steps >= 0; got b={b}, reps={reps}, {train_steps=}")
     dev = _setup(threads, device, seed)
-    cfg = replace(
-        BENCH_CONFIG,
-        d_user=d_user,
-        d_item=d_item,
-        d_cross=d_cross,
-        d_hidden=d_hidden,
-        experts=experts,
-        tasks=tasks,
-        seq_len=seq_len,
-    ).validate()
+    sizes = {"d_user": d_user, "d_item": d_item, "d_cross": d_cross, "d_hidden": d_hidden}
+    sizes |= {"experts": experts, "tasks": tasks, "seq_len": seq_len}
+    cfg = replace(BENCH_CONFIG, **sizes).validate()
     scorer, valid_auc = trained_scorer(cfg, train_steps, seed)
-    scorer.model.to(dev)
-    scorer._mari = None  # rebuild the MaRI graph on this device
-    data = synth_clicks(cfg, rows=b, seed=seed, split=2)
-    profile, seq = data.profile[:1].to(dev), data.seq[:1].to(dev)  # one user ...
-    items, cross = data.item.to(dev), data.cross.to(dev)  # ... against B candidates
-    fns = {m: (lambda m=m: scorer.run(profile, seq, items, cross, m)) for m in MODES}
+    fns = _mode_calls(scorer, cfg, b, seed, dev)
+    graphs = cuda_graph and dev.type == "cuda"
     with torch.inference_mode():
         scores = {m: fn() for m, fn in fns.items()}
         flops = {m: counted_flops(fn) for m, fn in fns.items()}
-        graph_diff = 0.0
-        if cuda_graph and dev.type == "cuda":
-            for m in MODES:
-                fns[m], out = capture_cuda_graph(fns[m], dev)
-                fns[m]()
-                graph_diff = max(graph_diff, float((out - scores[m]).abs().max()))
+        graph_diff = _swap_in_cuda_graphs(fns, scores, dev) if graphs else 0.0
         times = interleaved_times(fns, reps, warmup, dev)
-    med = {m: statistics.median(t) for m, t in times.items()}
     return {
         "b": b,
-        "d_user": d_user,
-        "d_item": d_item,
-        "d_cross": d_cross,
-        "d_hidden": d_hidden,
-        "experts": experts,
-        "tasks": tasks,
-        "seq_len": seq_len,
+        **sizes,
         "train_steps": train_steps,
-        **{f"time_{m}_ms": med[m] for m in MODES},
-        **{f"flops_{m}": flops[m] for m in MODES},
-        "speedup_uoi_vs_vani": _ratio_stats(times["vani"], times["uoi"])[0],
-        "speedup_mari_vs_uoi": _ratio_stats(times["uoi"], times["mari"])[0],
-        "speedup_mari_vs_vani": _ratio_stats(times["vani"], times["mari"])[0],
-        "max_abs_diff_uoi": float((scores["uoi"] - scores["vani"]).abs().max()),
-        "max_abs_diff_mari": float((scores["mari"] - scores["vani"]).abs().max()),
+        **_mode_metrics(times, flops, scores),
         "eligible_nodes": len(scorer.eligible),
         "valid_auc_mean": sum(valid_auc) / len(valid_auc),
         "reps": reps,
-        "cuda_graph": bool(cuda_graph and dev.type == "cuda"),
+        "cuda_graph": bool(graphs),
         "max_abs_diff_graph_vs_eager": graph_diff,
     }
 
@@ -132,14 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
     dev = _setup(args.threads, args.device, args.seed)
-    result: dict = {
-        "benchmark": "mari_model",
-        "argv": sys.argv[1:],
-        "env": asdict(current_environment(dev)),
-        "config": asdict(BENCH_CONFIG),
-        "points": [],
-        "loadavg_start": os.getloadavg(),
-    }
+    result = result_header("mari_model", dev, config=asdict(BENCH_CONFIG), points=[])
     for b in args.bs:
         r = model_point(
             b,
@@ -159,9 +165,7 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
     result["loadavg_end"] = os.getloadavg()
-    if args.out:
-        atomic_write_text(args.out, json.dumps(result, indent=2) + "\n")
-        print(f"-> {args.out}")
+    write_result(args.out, result)
     return 0
 
 
