@@ -294,12 +294,13 @@ def format_split(split: dict) -> str:
     )
 
 
-def main(argv: list[str] | None = None) -> dict:
-    a = parse_args(argv)
-    ingresses = [resolve_ingress(name) for name in a.ingress]  # bad or unavailable ones fail before any work
-    if a.cpu_split_rates and not Path("/proc/stat").is_file():
-        raise UserInputError("--cpu-split-rates reads CPU times from /proc (Linux only); leave it out here")
-    cfg = ServeConfig(
+def batching_on(a: argparse.Namespace) -> dict:
+    return {"max_batch_size": a.max_batch_size, "batch_wait_timeout_s": a.batch_wait_ms / 1e3}
+
+
+def serve_config(a: argparse.Namespace) -> ServeConfig:
+    """The deployment both arms share; it starts with batching on."""
+    return ServeConfig(
         model=Path(a.model),
         data=Path(a.data) if a.data else None,
         decoders=[a.decoder],
@@ -307,13 +308,20 @@ def main(argv: list[str] | None = None) -> dict:
         constraint_sets={},
         threads=a.threads,
         max_queued_requests=256,
-        batching={"max_batch_size": a.max_batch_size, "batch_wait_timeout_s": a.batch_wait_ms / 1e3},
+        batching=batching_on(a),
     )
-    arms = {
+
+
+def batching_arms(a: argparse.Namespace) -> dict[str, dict]:
+    """Arm name -> the live batching settings it reconfigures the replica to."""
+    return {
         "batching=off": {"max_batch_size": 1, "batch_wait_timeout_s": 0.0},
-        "batching=on": {"max_batch_size": a.max_batch_size, "batch_wait_timeout_s": a.batch_wait_ms / 1e3},
+        "batching=on": batching_on(a),
     }
-    tracking = Tracking(Path(a.results_dir), mlflow=not a.no_mlflow)
+
+
+def measure_floors(a: argparse.Namespace) -> tuple[dict, float]:
+    """The floors measured without Serve: the decoder alone and plain uvicorn's no-op latency."""
     decoder_alone = decoder_capacity(a, a.max_batch_size)
     print(
         f"decoder alone (no Serve), requests/s: batch 1 {decoder_alone['batch_1_rps']:.0f}, batch "
@@ -322,7 +330,20 @@ def main(argv: list[str] | None = None) -> dict:
     )
     plain_floor = plain_http_floor()
     print(f"plain uvicorn floor: no-op GET p50 {plain_floor:.2f} ms", flush=True)
-    out: dict = {
+    return decoder_alone, plain_floor
+
+
+def result_skeleton(
+    a: argparse.Namespace,
+    argv: list[str] | None,
+    variants: list[str],
+    arm_names: list[str],
+    decoder_alone: dict,
+    plain_floor: float,
+) -> dict:
+    """The JSON summary before any Serve run: the setup, the floors, and empty lists per variant and
+    arm that every repeat appends to."""
+    return {
         "command": command_line("genrec.platform.serve_benchmark", argv),
         "model": a.model,
         "decoder": a.decoder,
@@ -336,63 +357,113 @@ def main(argv: list[str] | None = None) -> dict:
                 "noop_endpoint_p50_ms": [],
                 "arms": {
                     name: {"max_rates": [], "overhead_p50_ms": [], "searches": [], "cpu_split": []}
-                    for name in arms
+                    for name in arm_names
                 },
             }
-            for ing in variant_names(ingresses, a.handler_loop)
+            for ing in variants
         },
     }
-    t0 = time.time()
-    # Serve fixes its ingress when Ray starts, so each (repeat, ingress) is a fresh local Ray; ingresses
-    # alternate within a repeat and batching arms within an ingress, so drift hits every arm alike.
-    for rep in range(1 if a.floors_only else a.repeats):
-        for ing, record in out["ingresses"].items():
-            ingress, loop = variant_settings(ing)
-            url = start_server(cfg, HttpSettings(port=a.port, ingress=ingress, handler_loop=loop))
-            try:
-                base = LoadConfig(
-                    url=url,
-                    k=a.k,
-                    slo_ms=a.slo_ms,
-                    duration_s=a.duration,
-                    warmup_s=a.warmup_s,
-                    seed=a.seed,
-                    timeout_s=max(10.0, 5 * a.slo_ms / 1e3),
-                )
-                health, dataset, histories = prepare(base, a.data)
-                floor = noop_latency(url)
-                record["noop_endpoint_p50_ms"].append(floor)
-                print(f"[{ing} rep {rep}] Serve floor: GET /health p50 {floor:.2f} ms", flush=True)
-                out["device"], out["threads"] = health.get("device"), health.get("threads")
-                for name, live in [] if a.floors_only else arms.items():
-                    reconfigure(cfg, **live)
-                    ctx = run_context(a.experiment, name, dataset, {**health, **live})
-                    arm = measure_arm(a, base, histories, ctx, tracking, tag=f"{ing} {name} rep {rep}")
-                    record["arms"][name]["overhead_p50_ms"].append(arm["overhead_p50_ms"])
-                    record["arms"][name]["max_rates"].append(arm["max_rate"])
-                    record["arms"][name]["searches"].append(arm["search"])
-                    for rate in a.cpu_split_rates:
-                        if arm["max_rate"] and rate <= arm["max_rate"]:
-                            split = cpu_split(base, histories, ctx, tracking, rate)
-                            record["arms"][name]["cpu_split"].append({"repeat": rep, **split})
-                            print(f"[{ing} {name} rep {rep}] {format_split(split)}", flush=True)
-            finally:
-                stop_server(shutdown_ray=True)
-    out["wall_s"] = time.time() - t0
-    for ing, record in out["ingresses"].items():
+
+
+def load_config(a: argparse.Namespace, url: str) -> LoadConfig:
+    return LoadConfig(
+        url=url,
+        k=a.k,
+        slo_ms=a.slo_ms,
+        duration_s=a.duration,
+        warmup_s=a.warmup_s,
+        seed=a.seed,
+        timeout_s=max(10.0, 5 * a.slo_ms / 1e3),
+    )
+
+
+def run_arm(
+    a: argparse.Namespace,
+    base: LoadConfig,
+    histories,
+    ctx,
+    tracking: Tracking,
+    record: dict,
+    tag: str,
+    rep: int,
+) -> None:
+    """One arm of one (repeat, variant), appended to its `record`: the rate search, then a CPU split at
+    each --cpu-split-rates rate the arm sustained."""
+    arm = measure_arm(a, base, histories, ctx, tracking, tag=tag)
+    record["overhead_p50_ms"].append(arm["overhead_p50_ms"])
+    record["max_rates"].append(arm["max_rate"])
+    record["searches"].append(arm["search"])
+    for rate in a.cpu_split_rates:
+        if arm["max_rate"] and rate <= arm["max_rate"]:
+            split = cpu_split(base, histories, ctx, tracking, rate)
+            record["cpu_split"].append({"repeat": rep, **split})
+            print(f"[{tag}] {format_split(split)}", flush=True)
+
+
+def run_variant(
+    a: argparse.Namespace, cfg: ServeConfig, arms: dict, tracking: Tracking, out: dict, ing: str, rep: int
+) -> None:
+    """Repeat `rep` of variant `ing`, into `out`: a fresh local Ray serving through its ingress, Serve's
+    no-op floor, then each batching arm (none with --floors-only) on the same replica."""
+    record = out["ingresses"][ing]
+    ingress, loop = variant_settings(ing)
+    url = start_server(cfg, HttpSettings(port=a.port, ingress=ingress, handler_loop=loop))
+    try:
+        base = load_config(a, url)
+        health, dataset, histories = prepare(base, a.data)
+        floor = noop_latency(url)
+        record["noop_endpoint_p50_ms"].append(floor)
+        print(f"[{ing} rep {rep}] Serve floor: GET /health p50 {floor:.2f} ms", flush=True)
+        out["device"], out["threads"] = health.get("device"), health.get("threads")
+        for name, live in [] if a.floors_only else arms.items():
+            reconfigure(cfg, **live)
+            ctx = run_context(a.experiment, name, dataset, {**health, **live})
+            run_arm(a, base, histories, ctx, tracking, record["arms"][name], f"{ing} {name} rep {rep}", rep)
+    finally:
+        stop_server(shutdown_ray=True)
+
+
+def add_ratios(out: dict) -> None:
+    """Each variant's median max rate with batching on over off (None without both)."""
+    for record in out["ingresses"].values():
         record["ratio_on_over_off"] = ratio_of_medians(
             record["arms"]["batching=on"]["max_rates"], record["arms"]["batching=off"]["max_rates"]
         )
+
+
+def print_summary(out: dict, slo_ms: float) -> None:
+    for ing, record in out["ingresses"].items():
         floors = [round(x, 2) for x in record["noop_endpoint_p50_ms"]]
         print(f"ingress {ing}: Serve no-op GET /health p50 {floors} ms")
         for name, arm in record["arms"].items():
             if arm["max_rates"]:
                 print(
-                    f"  {name}: max rate under P99 <= {a.slo_ms:g} ms: {arm['max_rates']} req/s; "
+                    f"  {name}: max rate under P99 <= {slo_ms:g} ms: {arm['max_rates']} req/s; "
                     f"low-load serve overhead p50 {[round(x, 2) for x in arm['overhead_p50_ms']]} ms"
                 )
         if record["ratio_on_over_off"] is not None:
             print(f"  ratio (median max rate, on / off): {record['ratio_on_over_off']:.2f}")
+
+
+def main(argv: list[str] | None = None) -> dict:
+    a = parse_args(argv)
+    ingresses = [resolve_ingress(name) for name in a.ingress]  # bad or unavailable ones fail before any work
+    if a.cpu_split_rates and not Path("/proc/stat").is_file():
+        raise UserInputError("--cpu-split-rates reads CPU times from /proc (Linux only); leave it out here")
+    cfg, arms = serve_config(a), batching_arms(a)
+    tracking = Tracking(Path(a.results_dir), mlflow=not a.no_mlflow)
+    decoder_alone, plain_floor = measure_floors(a)
+    variants = variant_names(ingresses, a.handler_loop)
+    out = result_skeleton(a, argv, variants, list(arms), decoder_alone, plain_floor)
+    t0 = time.time()
+    # Serve fixes its ingress when Ray starts, so each (repeat, ingress) is a fresh local Ray; ingresses
+    # alternate within a repeat and batching arms within an ingress, so drift hits every arm alike.
+    for rep in range(1 if a.floors_only else a.repeats):
+        for ing in variants:
+            run_variant(a, cfg, arms, tracking, out, ing, rep)
+    out["wall_s"] = time.time() - t0
+    add_ratios(out)
+    print_summary(out, a.slo_ms)
     atomic_write_text(Path(a.out), json.dumps(out, indent=2) + "\n")
     print(f"wrote {a.out}")
     return out
