@@ -251,6 +251,45 @@ def reset_dead_codes(
     return reset
 
 
+def rqvae_optimiser(model: RQVAE, config: RQVAEConfig) -> torch.optim.Optimizer:
+    """Adam with its own learning rate (and no weight decay) for the codebooks."""
+    networks = [p for name, p in model.named_parameters() if not name.startswith("quantizer.")]
+    return torch.optim.Adam(
+        [
+            {"params": networks, "lr": config.lr, "weight_decay": config.weight_decay},
+            {"params": list(model.quantizer.parameters()), "lr": config.codebook_lr, "weight_decay": 0.0},
+        ]
+    )
+
+
+def train_epoch(
+    model: RQVAE,
+    optimiser: torch.optim.Optimizer,
+    x_norm: torch.Tensor,
+    config: RQVAEConfig,
+    generator: torch.Generator,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One pass over the points in a random order: the mean (loss, reconstruction, codebook, commitment)
+    [4] and how often each code was used [levels, codebook_size]."""
+    n, levels, size = len(x_norm), config.levels, config.codebook_size
+    level_offset = torch.arange(levels, device=x_norm.device) * size  # one bincount counts every level
+    perm = torch.randperm(n, generator=generator, device=x_norm.device)
+    usage = torch.zeros(levels, size, dtype=torch.int64, device=x_norm.device)
+    # Loss sums stay on the device so a GPU step does not wait for a host copy.
+    sums = torch.zeros(4, device=x_norm.device)
+    for start in range(0, n, config.batch_size):
+        batch = x_norm[perm[start : start + config.batch_size]]
+        out = model(batch)
+        optimiser.zero_grad(set_to_none=True)
+        out.loss.backward()
+        optimiser.step()
+        terms = (out.loss, out.reconstruction_loss, out.codebook_loss, out.commitment_loss)
+        sums += torch.stack(terms).detach() * (len(batch) / n)
+        codes = (out.codes + level_offset).flatten()
+        usage += torch.bincount(codes, minlength=levels * size).view(levels, size)
+    return sums, usage
+
+
 def train_rqvae(
     features: np.ndarray | torch.Tensor, config: RQVAEConfig, progress: bool = True
 ) -> tuple[RQVAE, list[dict]]:
@@ -276,37 +315,14 @@ def train_rqvae(
         kmeans_init_codebooks(model, x_norm, config)
 
     generator = make_generator(config.seed, config.device)
-    networks = [p for name, p in model.named_parameters() if not name.startswith("quantizer.")]
-    optimiser = torch.optim.Adam(
-        [
-            {"params": networks, "lr": config.lr, "weight_decay": config.weight_decay},
-            {"params": list(model.quantizer.parameters()), "lr": config.codebook_lr, "weight_decay": 0.0},
-        ]
-    )
-    levels, size = config.levels, config.codebook_size
+    optimiser = rqvae_optimiser(model, config)
     history: list[dict] = []
     bar = tqdm(range(config.epochs), desc="rq-vae epochs", disable=not bar_enabled(progress))
-    level_offset = torch.arange(levels, device=x.device) * size  # one bincount counts every level
     model.train()
     for epoch in bar:
-        perm = torch.randperm(n, generator=generator, device=x.device)
-        usage = torch.zeros(levels, size, dtype=torch.int64, device=x.device)
-        # Loss sums stay on the device so a GPU step does not wait for a host copy.
-        sums = torch.zeros(4, device=x.device)
-        for start in range(0, n, config.batch_size):
-            batch = x_norm[perm[start : start + config.batch_size]]
-            out = model(batch)
-            optimiser.zero_grad(set_to_none=True)
-            out.loss.backward()
-            optimiser.step()
-            weight = len(batch) / n
-            terms = (out.loss, out.reconstruction_loss, out.codebook_loss, out.commitment_loss)
-            sums += torch.stack(terms).detach() * weight
-            usage += torch.bincount((out.codes + level_offset).flatten(), minlength=levels * size).view(
-                levels, size
-            )
+        sums, usage = train_epoch(model, optimiser, x_norm, config, generator)
         dead = usage == 0
-        reset = [0] * levels
+        reset = [0] * config.levels
         # Not after the last epoch: a re-seeded code would not be trained, and encode() must match.
         if config.dead_code_reset and epoch < config.epochs - 1 and dead.any():
             reset = reset_dead_codes(model, x_norm, dead, config.dead_code_sample, generator)
