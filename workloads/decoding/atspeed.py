@@ -137,6 +137,20 @@ class StepOutcome:
         return active & accept
 
 
+@dataclass
+class DecodeRun:
+    """What every SD step of one decode call shares."""
+
+    models: Models
+    params: AtSpeedParams
+    relaxed: bool
+    codec: SIDCodec
+    processors: list[LevelProcessor]
+    gen: torch.Generator  # relaxed: the draft's sampling and the accept / resample draws
+    timer: PhaseTimer
+    count: Counters
+
+
 def extend_codes(codes: Tensor, parent: Tensor, code: Tensor) -> Tensor:
     """Beams [G, W, l+1]: each new beam's parent's codes [G, w, l], then its own code."""
     level = codes.shape[2]
@@ -145,21 +159,15 @@ def extend_codes(codes: Tensor, parent: Tensor, code: Tensor) -> Tensor:
 
 # --- drafting ------------------------------------------------------------------------------------------
 def draft_levels(
-    m: Models,
-    users: Tensor,
-    committed: Tensor,
-    target_scores: Tensor,
-    width: int,
-    gamma: int,
-    codec: SIDCodec,
-    processors: list[LevelProcessor],
-    select,
-    attention: str,
+    run: DecodeRun, users: Tensor, committed: Tensor, target_scores: Tensor, gamma: int, select
 ) -> tuple[list[LevelChoice], Tensor, int]:
-    """The draft's beam search over `gamma` levels from the decided beams `committed` [G, w, t].
+    """The draft's beam search with N beams over `gamma` levels from the decided beams `committed`
+    [G, w, t] (`target_scores` [G, w]: -inf marks a beam that does not exist).
 
     Returns the levels' choices, the draft's log-probabilities of the decided beams [G, w] and the
     number of draft calls."""
+    m, codec, processors = run.models, run.codec, run.processors
+    width, attention = run.params.draft_beams, run.params.attention
     g, w, t = committed.shape
     prompt = m.draft_prompt.prompt_of(users)
     root = m.draft_root.index_select(0, users)
@@ -254,17 +262,15 @@ def start_verification(
 
 
 def verify_strict(
-    m: Models,
+    run: DecodeRun,
     users: Tensor,
     tree: DraftTree,
     choices: list[LevelChoice],
     tree_logits: Tensor,
     scores: Tensor,
-    k: int,
-    codec: SIDCodec,
-    processors: list[LevelProcessor],
 ) -> StepOutcome:
     """Algorithm 1 for a group: the target's beam search with beam K, level by level over the tree."""
+    m, codec, processors, k = run.models, run.codec, run.processors, run.params.beam_width
     g, _, t = tree.committed.shape
     device = scores.device
     out, states, codes, beams, active = start_verification(tree, k, codec, processors)
@@ -292,24 +298,21 @@ def verify_strict(
 
 
 def verify_relaxed(
-    m: Models,
+    run: DecodeRun,
     users: Tensor,
     tree: DraftTree,
     choices: list[LevelChoice],
     tree_logits: Tensor,
     scores: Tensor,
     draft_scores: Tensor,
-    k: int,
-    codec: SIDCodec,
-    processors: list[LevelProcessor],
-    gen: torch.Generator,
-    q_support: str = "decided",
 ) -> StepOutcome:
     """Algorithm 2 for a group: of the N drafted sequences of a level, those whose parent is among the K
     decided beams are kept with probability min(1, p/q'); at least K kept accept the level (K of them
     at random are its beams), fewer end the step with the kept ones plus draws from norm(max(0, p - q')).
     p and q' are the target's and the draft's distributions over the children of the decided beams
     (q' renormalised there: the draft sampled over its own N beams' children)."""
+    m, codec, processors, gen = run.models, run.codec, run.processors, run.gen
+    k, q_support = run.params.beam_width, run.params.q_support
     g, _, t = tree.committed.shape
     out, states, codes, beams, active = start_verification(tree, k, codec, processors)
     gamma = len(tree.levels)
@@ -421,37 +424,20 @@ def atspeed_decode(
     return DecodeResult(top.codes, top.scores, top.item_ids, top.valid, timings, counters)
 
 
-@dataclass
-class DecodeRun:
-    """What every SD step of one decode call shares."""
-
-    models: Models
-    params: AtSpeedParams
-    relaxed: bool
-    codec: SIDCodec
-    processors: list[LevelProcessor]
-    gen: torch.Generator  # relaxed: the draft's sampling and the accept / resample draws
-    timer: PhaseTimer
-    count: Counters
-
-
 def sd_step(run: DecodeRun, users: Tensor, codes: Tensor, scores: Tensor, t: int) -> StepOutcome:
     """One SD step for the users whose decided prefix has length t (`codes` [B, K, L], `scores` [B, K])."""
-    m, p, codec, processors, timer = run.models, run.params, run.codec, run.processors, run.timer
-    relaxed, gen, count = run.relaxed, run.gen, run.count
-    g, k = len(users), p.beam_width
+    m, p, codec, timer, count = run.models, run.params, run.codec, run.timer, run.count
+    g = len(users)
     committed = codes[users, :, :t] if t else codes.new_zeros(g, 1, 0)
     base = scores[users] if t else scores.new_zeros(g, 1)
     gamma = min(p.gamma, codec.levels - 1 - t)
-    width = p.draft_beams  # N: beams (strict) or sampled sequences (relaxed) per drafted level
-    select = GumbelSelector(gen) if relaxed else select_beams
+    # N per drafted level: the draft's top N (strict) or N sampled sequences (relaxed)
+    select = GumbelSelector(run.gen) if run.relaxed else select_beams
     choices: list[LevelChoice] = []
     d_base = base.clone()
     if gamma:
         with timer.phase("draft"):
-            choices, d_base, calls = draft_levels(
-                m, users, committed, base, width, gamma, codec, processors, select, p.attention
-            )
+            choices, d_base, calls = draft_levels(run, users, committed, base, gamma, select)
         count.draft_calls += calls
     # beams the draft could not fill (-inf) point at beam 0, so every node's parent comes before it
     tree = DraftTree(
@@ -461,11 +447,9 @@ def sd_step(run: DecodeRun, users: Tensor, codes: Tensor, scores: Tensor, t: int
         prompt = m.target_prompt.prompt_of(users)
         tree_logits, calls = verify_logits(m.target, prompt, tree, codec, p.tree_attention, p.attention)
         count.target_calls += calls
-        if relaxed:
-            return verify_relaxed(
-                m, users, tree, choices, tree_logits, base, d_base, k, codec, processors, gen, p.q_support
-            )
-        return verify_strict(m, users, tree, choices, tree_logits, base, k, codec, processors)
+        if run.relaxed:
+            return verify_relaxed(run, users, tree, choices, tree_logits, base, d_base)
+        return verify_strict(run, users, tree, choices, tree_logits, base)
 
 
 @register_decoder
