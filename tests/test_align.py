@@ -16,13 +16,13 @@ from genrec.workloads.models.checkpoint import load_checkpoint
 from genrec.workloads.models.inputs import build_training_batch, item_token_table, training_windows
 from genrec.workloads.models.transformer import GRTransformer, ModelConfig
 from genrec.workloads.sid_codec import BOS, SIDCodec
-from genrec.workloads.training.align import (
-    AlignFlags,
-    AlignObjective,
-    atspeed_s_loss,
-    build_sequence_batch,
-    mix_losses,
-    sequence_logits,
+from genrec.workloads.training.align import AlignFlags, AlignObjective, mix_losses
+from genrec.workloads.training.align_sequence_batch import build_sequence_batch, sequence_logits
+from genrec.workloads.training.align_sequence_level import (
+    atspeed_s_terms,
+    negative_entropy_on_support,
+    reverse_kl_on_support,
+    support_log_probs,
 )
 from genrec.workloads.training.teacher import (
     TeacherData,
@@ -227,10 +227,19 @@ def test_constraint_and_top_k_both_cut_the_support_in_this_world(world):
 
 # --- AtSpeed-S's reading of eq. 4 (docs/results.md, "AtSpeed-S objective re-check") ----------------
 def one_level(draft: list[float], target: list[float], support: list[bool], sid_token: int):
-    """atspeed_s_loss's inputs for one example, one SID (so y_K is that SID), one level."""
-    q = torch.tensor(draft, dtype=torch.float64).reshape(1, 1, 1, -1).requires_grad_(True)
-    p = torch.tensor(target, dtype=torch.float64).reshape(1, 1, 1, -1)
-    return q, p, torch.tensor([[[sid_token]]]), torch.tensor(support).reshape(1, 1, 1, -1)
+    """level_loss's inputs for one context: draft and target logits, y_K's token (the only SID), V_c."""
+    q = torch.tensor(draft, dtype=torch.float64).requires_grad_(True)
+    p = torch.tensor(target, dtype=torch.float64)
+    return q, p, sid_token, torch.tensor(support)
+
+
+def level_loss(q, p, sid_token: int, support, density_reg: bool = True, dr_mode: str = "weighted"):
+    """AtSpeed-S's term at one context, composed from the production pieces as align_sequences does."""
+    lq, lq0 = support_log_probs(q, support)
+    _, lp0 = support_log_probs(p, support)
+    log_w = torch.log_softmax(p.float(), -1)[sid_token]  # p(y_K,t): the full-vocabulary conditional
+    rkld, neg_entropy = reverse_kl_on_support(lq, lq0, lp0), negative_entropy_on_support(lq, lq0)
+    return atspeed_s_terms(rkld, neg_entropy, log_w, density_reg, dr_mode)
 
 
 @pytest.mark.parametrize(
@@ -254,11 +263,11 @@ def test_atspeed_s_on_a_hand_computed_level(dr_mode, value, grad0):
         [math.log(0.9), math.log(0.1), 5.0], [math.log(1 / 2), math.log(1 / 3), math.log(1 / 6)],
         [True, True, False], sid_token=0,
     )  # fmt: skip
-    loss = atspeed_s_loss(q, p, sid, support, dr_mode=dr_mode)
+    loss = level_loss(q, p, sid, support, dr_mode=dr_mode)
     loss.backward()
     assert loss.item() == pytest.approx(value, abs=1e-6)
-    assert q.grad[0, 0, 0, 0].item() == pytest.approx(grad0, abs=1e-6)
-    assert q.grad[0, 0, 0, 2].item() == 0.0
+    assert q.grad[0].item() == pytest.approx(grad0, abs=1e-6)
+    assert q.grad[2].item() == 0.0
 
 
 def random_level(seed: int, n: int = 6, cut: int = 4):
@@ -285,13 +294,13 @@ def test_reverse_kl_part_is_minimised_where_the_draft_matches_the_target_on_v_c(
     # the draft equal to the target up to a shift on V_c (anything outside): q' = p'
     matched = [t + 1.7 if s else d for d, t, s in zip(draft, target, support)]
     q, p, sid_t, sup = one_level(matched, target, support, sid)
-    at_match = atspeed_s_loss(q, p, sid_t, sup, density_reg=False)
+    at_match = level_loss(q, p, sid_t, sup, density_reg=False)
     at_match.backward()
     # (the losses compute in float32, hence the tolerances)
     assert at_match.item() == pytest.approx(0.0, abs=1e-6)
     assert q.grad.abs().max().item() < 1e-6  # a stationary point ...
     q2, *_ = one_level(draft, target, support, sid)
-    assert atspeed_s_loss(q2, p, sid_t, sup, density_reg=False).item() > 1e-6  # ... and the minimum
+    assert level_loss(q2, p, sid_t, sup, density_reg=False).item() > 1e-6  # ... and the minimum
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -301,12 +310,12 @@ def test_weighted_atspeed_s_is_bounded_and_minimised_by_the_sharpened_target(see
     not stationary there."""
     draft, target, support, sid = random_level(seed)
     _, p, sid_t, sup = one_level(draft, target, support, sid)
-    w = torch.softmax(p[0, 0, 0], -1)[sid].item()  # p(y_K,t): the full-vocabulary conditional
+    w = torch.softmax(p, -1)[sid].item()  # p(y_K,t): the full-vocabulary conditional
     p_sup = support_target(target, support)
     best = torch.softmax(p_sup.log() / (1 - w), -1)
     at_best = [math.log(best[i]) if s else d for i, (d, s) in enumerate(zip(draft, support))]
     q, *_ = one_level(at_best, target, support, sid)
-    loss = atspeed_s_loss(q, p, sid_t, sup)
+    loss = level_loss(q, p, sid_t, sup)
     loss.backward()
     assert q.grad.abs().max().item() < 1e-6 and loss.item() >= 0.0
     assert best.max().item() < 0.999  # the minimiser keeps the other codes of V_c
@@ -314,15 +323,15 @@ def test_weighted_atspeed_s_is_bounded_and_minimised_by_the_sharpened_target(see
         g = torch.Generator().manual_seed(1000 * seed + trial)
         z = (torch.randn(len(draft), generator=g, dtype=torch.float64) * (1 + trial)).tolist()
         qz, *_ = one_level(z, target, support, sid)
-        assert atspeed_s_loss(qz, p, sid_t, sup).item() >= loss.item() - 1e-6
+        assert level_loss(qz, p, sid_t, sup).item() >= loss.item() - 1e-6
     one_hot = [30.0 if i == int(p_sup.argmax()) else 0.0 for i in range(len(draft))]
     q1, *_ = one_level(one_hot, target, support, sid)
-    assert atspeed_s_loss(q1, p, sid_t, sup).item() > loss.item() + 1e-6  # collapse is not rewarded
+    assert level_loss(q1, p, sid_t, sup).item() > loss.item() + 1e-6  # collapse is not rewarded
     q_lit, *_ = one_level(at_best, target, support, sid)
-    literal = atspeed_s_loss(q_lit, p, sid_t, sup, dr_mode="literal")
+    literal = level_loss(q_lit, p, sid_t, sup, dr_mode="literal")
     literal.backward()
     assert q_lit.grad.abs().max().item() > 1e-3  # the printed form moves on from there ...
-    assert atspeed_s_loss(q1, p, sid_t, sup, dr_mode="literal").item() < literal.item()  # ... to collapse
+    assert level_loss(q1, p, sid_t, sup, dr_mode="literal").item() < literal.item()  # ... to collapse
 
 
 def test_align_flags_refuse_an_unknown_density_reading():

@@ -23,8 +23,8 @@ from genrec.workloads.errors import UserInputError
 from genrec.workloads.evaluation import load_context
 from genrec.workloads.models.inputs import training_windows
 from genrec.workloads.training.align import AlignFlags, AlignObjective
-from genrec.workloads.training.align_all_steps import all_step_sequences
 from genrec.workloads.training.align_context_tree import build_context_tree, context_logits
+from genrec.workloads.training.align_sequences import all_step_sequences
 from genrec.workloads.training.teacher import TeacherData, load_teacher
 from genrec.workloads.training.teacher_steps import MISSING, beam_with_steps, step_coverage
 from genrec.workloads.training.trainer import TrainConfig, train

@@ -4,7 +4,7 @@
         --teacher TEACHER.parquet --objectives atspeed_s seqkd --batch-size 128 --repeats 5 --threads 1
 
 The teacher file must hold every level's beams (`genrec atspeed teacher --all-steps`). Per objective,
-two arms on the same batches: the final top-K only, and `--all-steps` (align_all_steps.py). One step
+two arms on the same batches: the final top-K only, and `--all-steps` (align_sequences.py). One step
 is the alignment loss's forward and backward for a fresh `--draft-size` draft (alpha 1: the alignment
 term alone; the recommendation term is the same for both arms). Arms alternate within each repeat;
 the summary gives every arm's median step time with its min and max, the loss (equal for every repeat:

@@ -31,7 +31,7 @@ lambda and the target's and the SFT draft's paths (each path a hash of its confi
 stale file is reused.
 
 `atspeed_s-ad`, `atspeed_r-ad` and `seqkd-ad` train on all-step teacher data (the paper's Table 5
-"w/ AD": the target's beams after every level as well as its final top-K; training/align_all_steps.py),
+"w/ AD": the target's beams after every level as well as its final top-K; training/align_sequences.py),
 from extra teacher files (`teacher-beam-all-...`, `teacher-sample-all-...`); they take no -mix.
 
 `<objective>@<alpha>` (`seqkd@0.7`, `atspeed_s-mix@0.3`) trains that objective with its own alignment

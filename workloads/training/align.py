@@ -15,8 +15,9 @@ which is what beam search scores (decoding/scorers.level_log_probs); sequence lo
 sums of those, as the teacher file stores them.
 
 The objectives live beside this module: align_token_level.py (WordKD, TVDKD), align_sequence_level.py
-(SeqKD, AtSpeed-S, AtSpeed-R, and why AtSpeed-S is read as it is), align_sequence_batch.py (the packed
-teacher-forcing batch); their names stay importable from here.
+(SeqKD, AtSpeed-S, AtSpeed-R per level, and why AtSpeed-S is read as it is), align_sequences.py (the
+teacher's sequences and the loss over them) and align_context_tree.py (each distinct context scored
+once); the names used outside stay importable from here.
 
 Ablations (flags): w/o DR drops DR_t (AtSpeed-S); w/o CA replaces V_c by the whole vocabulary with
 the plain softmaxes, eq. 3 (AtSpeed-S and -R); w/o top-K aligns on the teacher's top-1 SID only
@@ -44,30 +45,20 @@ from genrec.workloads.models.checkpoint import load_checkpoint
 from genrec.workloads.models.inputs import build_training_batch, max_prompt_len
 from genrec.workloads.models.transformer import GRTransformer
 from genrec.workloads.sid_codec import SIDCodec
-from genrec.workloads.training.align_all_steps import (
-    all_step_loss,
-    all_step_sequences,
-    context_valid_mask,
-    sequence_tokens,
-)
 from genrec.workloads.training.align_context_tree import build_context_tree, context_logits
-from genrec.workloads.training.align_sequence_batch import (
-    SequenceBatch,
-    build_sequence_batch,
-    sequence_logits,
-)
 from genrec.workloads.training.align_sequence_level import (
     ATSPEED_S_READING,
     DR_MODES,
     NEG_INF,
     alignment_support,
-    atspeed_r_loss,
-    atspeed_s_level_loss,
-    atspeed_s_loss,
-    density_log_weight,
-    reverse_kl_on_support,
-    seqkd_loss,
-    valid_token_mask,
+)
+from genrec.workloads.training.align_sequences import (
+    AlignSequences,
+    all_step_sequences,
+    context_tree_loss,
+    context_valid_mask,
+    final_sequences,
+    sequence_tokens,
 )
 from genrec.workloads.training.align_token_level import labelled_logits, token_levels, tvdkd_loss, wordkd_loss
 from genrec.workloads.training.teacher import TeacherData, check_teacher_matches, load_teacher
@@ -80,29 +71,19 @@ from genrec.workloads.training.trainer import (
     target_loss,
 )
 
-__all__ = [  # this module's own names, and the objectives' and the batch's, importable from here
+__all__ = [  # this module's own names, and the objectives' used outside, importable from here
     "ATSPEED_S_READING",
     "DR_MODES",
     "NEG_INF",
     "AlignFlags",
     "AlignObjective",
-    "SequenceBatch",
     "alignment_support",
-    "atspeed_r_loss",
-    "atspeed_s_level_loss",
-    "atspeed_s_loss",
-    "build_sequence_batch",
-    "density_log_weight",
     "labelled_logits",
     "load_target",
     "mix_losses",
     "prepare_alignment",
-    "reverse_kl_on_support",
-    "seqkd_loss",
-    "sequence_logits",
     "token_levels",
     "tvdkd_loss",
-    "valid_token_mask",
     "wordkd_loss",
 ]
 
@@ -115,7 +96,7 @@ class AlignFlags:
     constrained: bool = True  # False: w/o CA (whole vocabulary, eq. 3)
     top1: bool = False  # True: w/o top-K (the teacher's top-1 SID only)
     dr_mode: str = "weighted"  # "literal": eq. 4's density term as printed (collapses; an ablation)
-    all_steps: bool = False  # w/ AD: the target's beam after every level too (align_all_steps.py)
+    all_steps: bool = False  # w/ AD: the target's beam after every level too (align_sequences.py)
 
     def __post_init__(self) -> None:
         if self.dr_mode not in DR_MODES:
@@ -202,41 +183,12 @@ class AlignObjective:
         return mix_losses(rec, align, self.alpha)
 
     def sequence_loss(self, batch_idx: np.ndarray) -> Tensor:
-        """The sequence-level alignment loss of the teacher rows `batch_idx` (= the windows' indices)."""
+        """The sequence-level alignment loss of the teacher rows `batch_idx` (= the windows' indices) on
+        their final SIDs (and step beams with --all-steps): every distinct context scored once, in one
+        packed tree forward per model (align_sequences.py, align_context_tree.py)."""
         assert self.teacher is not None and self.prefixes is not None
-        if self.flags.all_steps:
-            return self.all_step_loss(batch_idx)
         k = self.teacher.k
-        n_align = 1 if self.flags.top1 else k
-        # AtSpeed-S needs the K-th SID (y_K) even when it aligns on the top-1 only
-        n_forward = k if self.kind == "atspeed_s" else n_align
-        codes = torch.as_tensor(self.teacher.codes[batch_idx, :n_forward], device=self.device)
-        prompts = [self.teacher.prompts[i] for i in batch_idx]
-        batch = build_sequence_batch(
-            prompts, codes, self.item_tokens, self.codec, self.max_items, self.device
-        )
-        draft = sequence_logits(self.model, batch, self.autocast)
-        if self.kind == "seqkd":
-            return seqkd_loss(draft, batch.sid_tokens)
-        with torch.no_grad():
-            target = sequence_logits(self.target, batch, self.autocast)
-        allowed = valid_token_mask(codes, self.codec, self.prefixes) if self.flags.constrained else None
-        support = alignment_support(draft, allowed, k)
-        if self.kind == "atspeed_s":
-            return atspeed_s_loss(
-                draft, target, batch.sid_tokens, support, n_align, self.flags.density_reg, self.flags.dr_mode
-            )
-        return atspeed_r_loss(draft, target, support, n_align)
-
-    def all_step_loss(self, batch_idx: np.ndarray) -> Tensor:
-        """The same objective on the final SIDs and the step beams (align_all_steps.py): every distinct
-        context scored once, in one packed tree forward per model (align_context_tree.py)."""
-        assert self.teacher is not None and self.teacher.step_codes is not None and self.prefixes is not None
-        k = self.teacher.k
-        seqs = all_step_sequences(
-            self.teacher.codes[batch_idx], self.teacher.step_codes[batch_idx], 1 if self.flags.top1 else k,
-            self.device,
-        )  # fmt: skip
+        seqs = self.sequences(batch_idx)
         prompts = [self.teacher.prompts[i] for i in batch_idx]
         tree = build_context_tree(
             prompts, seqs.codes, seqs.lengths, self.item_tokens, self.codec, self.max_items, self.device
@@ -244,14 +196,28 @@ class AlignObjective:
         tokens = sequence_tokens(seqs.codes, self.codec, self.device)
         draft = context_logits(self.model, tree, self.autocast)
         if self.kind == "seqkd":
-            return all_step_loss("seqkd", draft, None, tree, seqs, tokens, None)
+            return context_tree_loss("seqkd", draft, None, tree, seqs, tokens, None)
         with torch.no_grad():
             target = context_logits(self.target, tree, self.autocast)
         allowed = context_valid_mask(tree, self.codec, self.prefixes) if self.flags.constrained else None
         support = alignment_support(draft, allowed, k)
-        return all_step_loss(
+        return context_tree_loss(
             self.kind, draft, target, tree, seqs, tokens, support, self.flags.density_reg, self.flags.dr_mode
         )
+
+    def sequences(self, batch_idx: np.ndarray) -> AlignSequences:
+        """The rows' sequences: the first `n_align` final SIDs (1 for w/o top-K) count, and with
+        --all-steps the step beams too."""
+        assert self.teacher is not None
+        k = self.teacher.k
+        n_align = 1 if self.flags.top1 else k
+        codes = self.teacher.codes[batch_idx]
+        if self.flags.all_steps:
+            assert self.teacher.step_codes is not None
+            return all_step_sequences(codes, self.teacher.step_codes[batch_idx], n_align, self.device)
+        # AtSpeed-S needs the K-th SID (y_K) even when it aligns on the top-1 only
+        n_seq = k if self.kind == "atspeed_s" else n_align
+        return final_sequences(codes[:, :n_seq], n_align, self.device)
 
     def epoch_parts(self) -> dict[str, float]:
         """Mean L_rec and L_align over the steps since the last call (for the training history)."""

@@ -1,10 +1,10 @@
 """Every context of a batch of alignment sequences, scored once: a packed prefix tree per example.
 
 A sequence objective's level-t term depends only on its context c_<t = (x, y_<t) (align.py), and the
-sequences of all-step data share most of their contexts: the K final SIDs and the step beams all grow
-from the same few prefixes (align_all_steps.py). So instead of teacher-forcing every sequence
-(build_sequence_batch, one token per sequence and level), the batch lays out each distinct context
-once, as a node of a prefix tree after the prompt:
+sequences share most of their contexts: the K final SIDs share prefixes, and with all-step data the
+step beams grow from the same few prefixes (align_sequences.py). So instead of teacher-forcing every
+sequence (one token per sequence and level), the batch lays out each distinct context once, as a
+node of a prefix tree after the prompt:
 
     [pad..] [BOS] prompt tokens | one token per distinct non-empty prefix, shorter prefixes first
 
@@ -12,7 +12,7 @@ A prefix's token is its last code; it sees the whole prompt and its own ancestor
 extends), at the RoPE position it would have right after the prompt, so its state equals that of the
 plain row [BOS] prompt prefix. Context 0 of every row is the empty prefix (the prompt's last state).
 `ctx` maps level l of sequence s to the context its term is read at; losses are computed once per
-context and gathered per (sequence, level) (align_all_steps.py has the weights).
+context and gathered per (sequence, level) (align_sequences.py has the weights).
 """
 
 from __future__ import annotations

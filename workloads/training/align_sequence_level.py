@@ -1,8 +1,8 @@
 """AtSpeed's sequence-level objectives (`--objective seqkd|atspeed_s|atspeed_r`); notation as in align.py.
 
 Sequence-level objectives, on the teacher's top-K SIDs Y of each example (teacher.py: one row per
-training window, the window's prompt), the draft and target run with teacher forcing on prompt + SID
-in one packed forward per batch (prompt laid out once, see align_sequence_batch.py):
+training window, the window's prompt); the draft and target score every distinct context c_<t of a
+batch once (align_context_tree.py), and align_sequences.py averages the per-level terms defined here:
     SeqKD      the next-item cross-entropy of the teacher SIDs (Kim & Rush): mean over (x, y in Y, t)
                of -log q(y_t | c_<t), the L_rec of eq. 37 on the teacher data
     AtSpeed-S  eq. 4, read as below: mean over (x, y in Y) of 1/L sum_t [RKLD_t - DR_t] with
@@ -36,39 +36,12 @@ alpha 0.7 already hurts AtSpeed-S).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
-
-from genrec.workloads.decoding.prefix_keys import PrefixKeySets
-from genrec.workloads.sid_codec import SIDCodec
 
 NEG_INF = float("-inf")
 DR_MODES = ("weighted", "literal")  # AtSpeed-S's density term; see the module doc
-# bumped whenever atspeed_s_loss changes meaning, so drafts cached under another reading are not reused
+# bumped when the AtSpeed-S objective changes meaning: drafts cached under another reading are not reused
 ATSPEED_S_READING = "weighted-dr-mean-over-sids-v2"
-
-
-def seqkd_loss(draft_logits: Tensor, sid_tokens: Tensor) -> Tensor:
-    """SeqKD: mean over (example, teacher SID, level) of -log q(y_t | c_<t), full-vocabulary softmax.
-
-    draft_logits [B, K, L, V] predict sid_tokens [B, K, L] (teacher forcing); the next-item loss of
-    eq. 37 with the teacher's SIDs as targets.
-    """
-    v = draft_logits.shape[-1]
-    return F.cross_entropy(draft_logits.float().reshape(-1, v), sid_tokens.reshape(-1))
-
-
-def valid_token_mask(codes: Tensor, codec: SIDCodec, prefixes: PrefixKeySets) -> Tensor:
-    """[B, K, L, V] bool: at level t of SID codes[b, k], the tokens of level t whose code extends
-    codes[b, k, :t] to a valid item-SID prefix (the constrained vocabulary of that step)."""
-    b, k, levels = codes.shape
-    out = torch.zeros(b, k, levels, codec.vocab_size, dtype=torch.bool, device=codes.device)
-    parent = torch.zeros(b, k, dtype=torch.long, device=codes.device)  # mixed-radix key of codes[:t]
-    for t in range(levels):
-        lo, hi = codec.level_range(t)
-        out[:, :, t, lo:hi] = prefixes.valid_children(t, parent)
-        parent = parent * codec.codebook_sizes[t] + codes[:, :, t]
-    return out
 
 
 def alignment_support(draft_logits: Tensor, allowed: Tensor | None, k: int) -> Tensor:
@@ -91,32 +64,15 @@ def support_log_probs(logits: Tensor, support: Tensor) -> tuple[Tensor, Tensor]:
     return lp, lp.masked_fill(~support, 0.0)
 
 
-def density_log_weight(target_logits: Tensor, sid_tokens: Tensor) -> Tensor:
-    """[B, L] log w_t = log p(y_{K,t} | y_{K,<t}): the target's full-vocabulary conditional of the t-th
-    token of the K-th (last) teacher SID, the paper's p(y_K) (appendix A.2.2). A constant of the target;
-    kept as a log so the literal mode's log w cannot underflow to -inf."""
-    k = target_logits.shape[1]
-    full = torch.log_softmax(target_logits[:, k - 1].detach().float(), dim=-1)  # [B, L, V]
-    return full.gather(-1, sid_tokens[:, k - 1, :, None]).squeeze(-1)
-
-
 def reverse_kl_on_support(lq: Tensor, lq0: Tensor, lp0: Tensor) -> Tensor:
     """[...] KL(q' || p') = sum_{V_c} q' log(q' / p'); >= 0, and 0 exactly when q' = p' on V_c.
     Arguments as `support_log_probs` returns them (lq: -inf outside V_c; lq0, lp0: 0 there)."""
     return (lq.exp() * (lq0 - lp0)).sum(-1)
 
 
-def atspeed_s_level_loss(
-    lq: Tensor, lq0: Tensor, lp0: Tensor, log_w: Tensor, density_reg: bool = True, dr_mode: str = "weighted"
-) -> Tensor:
-    """[...] per-level AtSpeed-S loss RKLD_t - DR_t from the support log-probabilities (as
-    `support_log_probs` returns them) and the log density weight log w_t (broadcast to lq.shape[:-1]).
-
-    weighted: KL(q'||p') + w H(q'), minimised at q' ~ p'^(1/(1-w)) (sharpened target, never one-hot).
-    literal:  KL(q'||p') + H(q') + log w = -sum q' log p' + log w, linear in q' (minimised by collapse).
-    """
-    neg_entropy = (lq.exp() * lq0).sum(-1)  # sum_{V_c} q' log q' = -H(q')
-    return atspeed_s_terms(reverse_kl_on_support(lq, lq0, lp0), neg_entropy, log_w, density_reg, dr_mode)
+def negative_entropy_on_support(lq: Tensor, lq0: Tensor) -> Tensor:
+    """[...] sum_{V_c} q' log q' = -H(q'); arguments as `support_log_probs` returns them."""
+    return (lq.exp() * lq0).sum(-1)
 
 
 def atspeed_s_terms(
@@ -130,51 +86,3 @@ def atspeed_s_terms(
     if dr_mode == "literal":  # sum q' log(q' / w) = -H(q') - log w  (sum q' = 1)
         return rkld - (neg_entropy - log_w)
     raise ValueError(f"dr_mode must be one of {DR_MODES}, got {dr_mode!r}")
-
-
-def atspeed_s_loss(
-    draft_logits: Tensor,
-    target_logits: Tensor,
-    sid_tokens: Tensor,
-    support: Tensor,
-    n_align: int | None = None,
-    density_reg: bool = True,
-    dr_mode: str = "weighted",
-) -> Tensor:
-    """AtSpeed-S alignment loss, eq. 4 as read in the module doc (derivation: appendix A.2.2):
-
-        mean over (x, y in Y) of 1/L sum_t [ KL(q'(.|c_<t) || p'(.|c_<t)) + w_t H(q'(.|c_<t)) ]
-        w_t = p(y_{K,t} | y_{K,<t})
-
-    draft_logits, target_logits [B, K, L, V] at c_<t of the teacher SIDs sid_tokens [B, K, L] (best
-    first; the K-th is y_K). support [B, K, L, V] is V_c (`alignment_support`); q', p' are the two
-    softmaxes renormalised over it. The first `n_align` SIDs (default K; 1 for w/o top-K) form Y;
-    `density_reg` False drops the entropy term (w/o DR); `dr_mode="literal"` uses eq. 4's density term
-    as printed (see `atspeed_s_level_loss`).
-    """
-    k = draft_logits.shape[1]
-    n_align = k if n_align is None else n_align
-    lq, lq0 = support_log_probs(draft_logits, support)
-    _, lp0 = support_log_probs(target_logits, support)
-    log_w = density_log_weight(target_logits, sid_tokens)[:, None, :]  # [B, 1, L]
-    per_level = atspeed_s_level_loss(lq, lq0, lp0, log_w, density_reg, dr_mode)  # [B, K, L]
-    return per_level[:, :n_align].mean(-1).mean()
-
-
-def atspeed_r_loss(
-    draft_logits: Tensor, target_logits: Tensor, support: Tensor, n_align: int | None = None
-) -> Tensor:
-    """AtSpeed-R alignment loss, eq. 8 (from eq. 6-7: maximise the acceptance 1 - TVD):
-
-        1/|D'| sum_{(x, y) in D'} 1/L sum_t TVD(p'(.|x, y_<t), q'(.|x, y_<t)),
-        TVD(p', q') = 1/2 sum_{v in V_c} |p'(v) - q'(v)|
-
-    with D' the (prompt, teacher SID) pairs of the first `n_align` SIDs per example (default all K).
-    Shapes as in `atspeed_s_loss`.
-    """
-    k = draft_logits.shape[1]
-    n_align = k if n_align is None else n_align
-    lq, _ = support_log_probs(draft_logits, support)
-    lp, _ = support_log_probs(target_logits, support)
-    tvd = 0.5 * (lp.exp() - lq.exp()).abs().sum(-1)  # [B, K, L]
-    return tvd[:, :n_align].mean(-1).mean()

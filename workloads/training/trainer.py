@@ -83,7 +83,7 @@ class TrainConfig:
     no_dr: bool = False  # AtSpeed-S w/o DR
     no_ca: bool = False  # w/o CA: align over the whole vocabulary (eq. 3)
     top1: bool = False  # w/o top-K: the teacher's top-1 SID only
-    all_steps: bool = False  # w/ AD: the target's beam after every level too (Table 5; align_all_steps.py)
+    all_steps: bool = False  # w/ AD: the target's beam after every level too (Table 5; align_sequences.py)
 
     def validate(self) -> None:
         problems = []

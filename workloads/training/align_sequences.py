@@ -1,10 +1,11 @@
-"""Sequence objectives on all-step teacher data (`--all-steps`, the paper's Table 5 "w/ AD").
+"""The sequences a sequence objective (SeqKD, AtSpeed-S, AtSpeed-R) aligns on, and its loss over them.
 
-Without it, D' holds per example the K final teacher SIDs, each a sequence of L levels. With it, D'
-also holds, for every step t = 1..L-1, the target's K beams after level t (teacher_steps.py), each a
-sequence of t codes. Every sequence's loss is the mean over its own levels (the 1/|y| of the
-appendix's eq. 33-34), and the objective averages over all sequences, so a step-t beam weighs as much
-as a final SID.
+The teacher file holds per example the K final teacher SIDs, each a sequence of L levels. With
+`--all-steps` (the paper's Table 5 "w/ AD") it also holds, for every step t = 1..L-1, the target's K
+beams after level t (teacher_steps.py), each a sequence of t codes. Every sequence's loss is the mean
+over its own levels (the 1/|y| of the appendix's eq. 33-34), and the objective averages over all
+sequences, so a step-t beam weighs as much as a final SID. Without step beams this is the mean over
+(example, SID) of the per-SID level mean, eq. 4 and 8 as align_sequence_level.py reads them.
 
 Layout: group 0 is the final top-K, group t the step-t beams; sequence g * K + j is beam j of group g.
 A step that kept fewer than K beams (fewer valid prefixes than K) repeats its last kept beam in the
@@ -12,9 +13,9 @@ empty slots with weight 0, so slot K - 1 of a group is always its K-th (or last)
 y_K, whose target conditionals weight the density term.
 
 Scoring: a level's term depends only on its context c_<t, and these sequences share most of their
-contexts (the final SIDs and the step beams all grow from the step beams), so each distinct context
-is scored once (align_context_tree.py) and its terms are gathered per (sequence, level): the draft
-and the target see about as many tokens as for the final top-K alone.
+contexts (the final SIDs share prefixes, and they and the step beams all grow from the step beams),
+so each distinct context is scored once (align_context_tree.py) and its terms are gathered per
+(sequence, level).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from genrec.workloads.sid_codec import SIDCodec
 from genrec.workloads.training.align_context_tree import ContextTree
 from genrec.workloads.training.align_sequence_level import (
     atspeed_s_terms,
+    negative_entropy_on_support,
     reverse_kl_on_support,
     support_log_probs,
 )
@@ -66,6 +68,19 @@ def all_step_sequences(
         lengths=np.repeat(length, k),
         weight=torch.as_tensor(weight.reshape(b, g * k, levels), dtype=torch.float32, device=device),
         kth=torch.as_tensor(np.repeat(np.arange(g) * k + k - 1, k), device=device),
+    )
+
+
+def final_sequences(codes: np.ndarray, n_align: int, device: torch.device | str = "cpu") -> AlignSequences:
+    """The final SIDs codes [B, n, L] alone, as one group (no step beams); the first `n_align` count and
+    the last is y_K."""
+    b, n, levels = codes.shape
+    counted = (torch.arange(n, device=device) < n_align).float()
+    return AlignSequences(
+        codes=codes,
+        lengths=np.full(n, levels),
+        weight=counted[None, :, None].expand(b, n, levels).contiguous(),
+        kth=torch.full((n,), n - 1, device=device),
     )
 
 
@@ -110,7 +125,7 @@ def context_valid_mask(tree: ContextTree, codec: SIDCodec, prefixes: PrefixKeySe
     return out
 
 
-def all_step_loss(
+def context_tree_loss(
     kind: str,
     draft: Tensor,
     target: Tensor | None,
@@ -121,7 +136,7 @@ def all_step_loss(
     density_reg: bool = True,
     dr_mode: str = "weighted",
 ) -> Tensor:
-    """The sequence objective `kind` on all-step data from the draft's and target's logits at every
+    """The sequence objective `kind` over the sequences `seqs` from the draft's and target's logits at every
     context (draft, target [B, C, V]; tokens [B, S, L] the sequences' tokens; support [B, C, V] V_c),
     each term as align_sequence_level.py defines it, averaged as the module doc says:
         seqkd      mean over the counted (sequence, level) tokens of -log q(y_t | c_<t)
@@ -137,7 +152,7 @@ def all_step_loss(
         tvd = 0.5 * (lp.exp() - lq.exp()).abs().sum(-1)  # [B, C]
         return sequence_mean(per_level(tvd, tree), seqs.weight)
     rkld = per_level(reverse_kl_on_support(lq, lq0, lp0), tree)
-    neg_entropy = per_level((lq.exp() * lq0).sum(-1), tree)
+    neg_entropy = per_level(negative_entropy_on_support(lq, lq0), tree)
     with torch.no_grad():
         log_w = token_log_probs(target, tree, tokens)[:, seqs.kth]  # p(y_{K,t} | y_{K,<t}) of the group
     terms = atspeed_s_terms(rkld, neg_entropy, log_w, density_reg, dr_mode)
