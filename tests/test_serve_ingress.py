@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 
 import pytest
 
@@ -184,3 +185,22 @@ def test_hardened_config_passes_haproxys_own_check(tmp_path):
     (tmp_path / "500.http").write_text("HTTP/1.1 500 x\r\nContent-Length: 0\r\n\r\n")
     check = subprocess.run([binary, "-c", "-f", str(cfg)], capture_output=True, text=True, timeout=30)
     assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_free_ports_avoid_the_ephemeral_range_and_rays_worker_ports(tmp_path, monkeypatch):
+    """HAProxy binds its stats and metrics ports long after they are picked; a port from bind(0) is
+    ephemeral and was taken meanwhile by a Ray process in CI ("Address already in use")."""
+    start = ingress_mod.ephemeral_port_start()
+    if start <= ingress_mod.RESERVED_LOW:
+        pytest.skip(f"this machine's ephemeral ports start at {start}: no room below them")
+    ports = [ingress_mod.free_port() for _ in range(30)]
+    assert all(ingress_mod.RAY_WORKER_PORTS[1] < p < start for p in ports)
+    with socket.socket() as s:  # each was free: binding it works
+        s.bind(("127.0.0.1", ports[-1]))
+    f = tmp_path / "range"
+    f.write_text("40000\t60999\n")
+    assert ingress_mod.ephemeral_port_start(str(f)) == 40000
+    assert ingress_mod.ephemeral_port_start(str(tmp_path / "missing")) == 32768
+    # no room below the ephemeral range: the kernel's choice
+    monkeypatch.setattr(ingress_mod, "ephemeral_port_start", lambda: ingress_mod.RESERVED_LOW)
+    assert ingress_mod.free_port() >= start  # an ephemeral port, from bind(0)

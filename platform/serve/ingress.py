@@ -29,6 +29,7 @@ import atexit
 import contextlib
 import importlib.util
 import os
+import random
 import shutil
 import socket
 import sys
@@ -78,7 +79,35 @@ DEFAULT_HTTP_REQUEST_TIMEOUT_S = 5.0  # ServeConfig.body_timeout_s's default
 DEFAULT_CLIENT_TIMEOUT_S = 30.0  # ServeConfig.client_timeout_s's default
 
 
-def free_port(host: str = "127.0.0.1") -> int:
+RAY_WORKER_PORTS = (10002, 19999)  # Ray's default min/max_worker_port
+RESERVED_LOW = RAY_WORKER_PORTS[1] + 1  # reserved ports: [RESERVED_LOW, the first ephemeral port)
+
+
+def ephemeral_port_start(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> int:
+    """The first port the kernel hands out for bind(0) / connect (Linux default 32768)."""
+    try:
+        return int(Path(path).read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_port(host: str = "127.0.0.1", tries: int = 200) -> int:
+    """A port free now on `host`, for a listener that binds it later (HAProxy's stats and metrics).
+
+    Drawn below the kernel's ephemeral range and above Ray's worker ports: a port from bind(0) is
+    ephemeral, and until HAProxy binds it, any process asking the kernel for a port (Ray's workers,
+    its gRPC servers) may take it, and HAProxy then fails to start ("Address already in use").
+    Falls back to bind(0) where that range is empty or full."""
+    start = ephemeral_port_start()
+    rng = random.SystemRandom()
+    for _ in range(tries if start > RESERVED_LOW else 0):
+        port = rng.randrange(RESERVED_LOW, start)
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
