@@ -17,7 +17,7 @@ from genrec.workloads.models.inputs import build_training_batch, item_token_tabl
 from genrec.workloads.models.transformer import GRTransformer, ModelConfig
 from genrec.workloads.sid_codec import BOS, SIDCodec
 from genrec.workloads.training.align import AlignFlags, AlignObjective, mix_losses
-from genrec.workloads.training.align_sequence_batch import build_sequence_batch, sequence_logits
+from genrec.workloads.training.align_context_tree import teacher_forced_log_probs
 from genrec.workloads.training.align_sequence_level import (
     atspeed_s_terms,
     negative_entropy_on_support,
@@ -368,15 +368,15 @@ def test_losses_give_finite_gradients(world):
     world.draft.zero_grad()
 
 
-def test_packed_sequence_batch_equals_plain_rows(world):
-    codes = torch.as_tensor(world.codes)
-    batch = build_sequence_batch(world.prompts, codes, world.item_tokens, world.codec, 8)
-    with torch.no_grad():
-        packed = sequence_logits(world.draft, batch)
+def test_teacher_forced_log_probs_are_the_plain_rows_sums(world):
+    got = teacher_forced_log_probs(world.draft, world.prompts, world.codes, world.item_tokens, world.codec, 8)
+    assert got.shape == world.codes.shape[:2]
     for b, prompt in enumerate(world.prompts):
         for k in range(K):
-            rows = plain_rows(world.draft, world.item_tokens, prompt, batch.sid_tokens[b, k].tolist())
-            assert torch.allclose(packed[b, k], torch.tensor(rows), atol=1e-5)
+            toks = world.codec.codes_to_tokens(world.codes[b, k]).tolist()
+            rows = plain_rows(world.draft, world.item_tokens, prompt, toks)
+            want = sum(math.log(softmax(r)[tok]) for r, tok in zip(rows, toks))
+            assert got[b, k].item() == pytest.approx(want, abs=1e-5)
 
 
 # --- teacher data ------------------------------------------------------------------------------------

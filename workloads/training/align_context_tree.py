@@ -25,8 +25,7 @@ import torch
 from torch import Tensor
 
 from genrec.workloads.models.transformer import GRTransformer
-from genrec.workloads.sid_codec import PAD, SIDCodec
-from genrec.workloads.training.align_sequence_batch import prompt_tokens
+from genrec.workloads.sid_codec import BOS, PAD, SIDCodec
 
 
 @dataclass
@@ -67,6 +66,14 @@ def row_contexts(codes: np.ndarray, lengths: np.ndarray, codec: SIDCodec) -> Row
     parent_key = key[seq, np.maximum(length - 1, 0)]
     parent = np.where(length > 0, np.searchsorted(unique, (length - 1) * span + parent_key), -1)
     return RowContexts(prefix, length, parent, inverse.reshape(s, levels))
+
+
+def prompt_tokens(prompt: Sequence[int], item_tokens: np.ndarray, max_items: int, i: int) -> np.ndarray:
+    """[BOS] and the tokens of the prompt's last `max_items` items."""
+    if len(prompt) == 0:
+        raise ValueError(f"prompt {i} is empty; a prompt needs at least one item")
+    items = np.asarray(prompt[-max_items:], dtype=np.int64)
+    return np.concatenate([[BOS], item_tokens[items].reshape(-1)])
 
 
 def build_context_tree(
@@ -130,3 +137,29 @@ def context_logits(model: GRTransformer, tree: ContextTree, autocast: bool = Fal
     with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=autocast):
         hidden = model.hidden_states(tree.tokens, positions=tree.positions, attn_mask=tree.attn_mask)
         return model.lm_head(hidden.reshape(-1, hidden.shape[-1])[tree.state]).float()
+
+
+def token_log_probs(logits: Tensor, tree: ContextTree, tokens: Tensor) -> Tensor:
+    """[B, S, L] log-softmax(logits at the level's context)[its token]; logits [B, C, V]."""
+    b, s, levels = tokens.shape
+    log_probs = torch.log_softmax(logits.float(), dim=-1)
+    flat = (tree.ctx * logits.shape[-1] + tokens).reshape(b, -1)
+    return log_probs.reshape(b, -1).gather(1, flat).reshape(b, s, levels)
+
+
+@torch.no_grad()
+def teacher_forced_log_probs(
+    model: GRTransformer,
+    prompts: Sequence[Sequence[int]],
+    codes: np.ndarray,
+    item_tokens: np.ndarray,
+    codec: SIDCodec,
+    max_items: int,
+) -> Tensor:
+    """[B, K] each SID's sequence log-probability under `model`: the sum over its levels of the
+    full-vocabulary log-softmax at its code's token (what beam search scores), from one tree forward
+    (codes [B, K, L])."""
+    b, k, levels = codes.shape
+    tree = build_context_tree(prompts, codes, np.full(k, levels), item_tokens, codec, max_items, model.device)
+    tokens = codec.codes_to_tokens(torch.as_tensor(codes, device=model.device))
+    return token_log_probs(context_logits(model, tree), tree, tokens).sum(-1)

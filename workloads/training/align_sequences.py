@@ -28,7 +28,7 @@ from torch import Tensor
 
 from genrec.workloads.decoding.prefix_keys import PrefixKeySets
 from genrec.workloads.sid_codec import SIDCodec
-from genrec.workloads.training.align_context_tree import ContextTree
+from genrec.workloads.training.align_context_tree import ContextTree, token_log_probs
 from genrec.workloads.training.align_sequence_level import (
     atspeed_s_terms,
     negative_entropy_on_support,
@@ -101,14 +101,6 @@ def per_level(context_values: Tensor, tree: ContextTree) -> Tensor:
     """[B, S, L] a per-context value [B, C] read at every sequence level's context."""
     b, s, levels = tree.ctx.shape
     return context_values.gather(1, tree.ctx.reshape(b, -1)).reshape(b, s, levels)
-
-
-def token_log_probs(logits: Tensor, tree: ContextTree, tokens: Tensor) -> Tensor:
-    """[B, S, L] log-softmax(logits at the level's context)[its token]; logits [B, C, V]."""
-    b, s, levels = tokens.shape
-    log_probs = torch.log_softmax(logits.float(), dim=-1)
-    flat = (tree.ctx * logits.shape[-1] + tokens).reshape(b, -1)
-    return log_probs.reshape(b, -1).gather(1, flat).reshape(b, s, levels)
 
 
 def context_valid_mask(tree: ContextTree, codec: SIDCodec, prefixes: PrefixKeySets) -> Tensor:

@@ -55,7 +55,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-import torch
 from tqdm.auto import tqdm
 
 from genrec.workloads.data.dataset import Dataset
@@ -66,7 +65,7 @@ from genrec.workloads.io import write_parquet_atomic
 from genrec.workloads.models.inputs import training_windows
 from genrec.workloads.progress import bar_enabled
 from genrec.workloads.sid_codec import SIDCodec
-from genrec.workloads.training.align_sequence_batch import teacher_forced_log_probs
+from genrec.workloads.training.align_context_tree import teacher_forced_log_probs
 from genrec.workloads.training.teacher_steps import STEP_COLUMN, beam_with_steps, read_step_codes
 
 MANIFEST_KEY = b"genrec.teacher"
@@ -279,8 +278,7 @@ def target_log_probs(
 ) -> np.ndarray:
     """[B, K] the target's teacher-forced sequence log-probabilities of `codes` [B, K, L]."""
     prompts = [ex.prompt for ex in chunk]
-    sids = torch.as_tensor(codes, device=ctx.device)
-    scores = teacher_forced_log_probs(ctx.model, prompts, sids, ctx.item_tokens, ctx.codec, max_items)
+    scores = teacher_forced_log_probs(ctx.model, prompts, codes, ctx.item_tokens, ctx.codec, max_items)
     return scores.double().cpu().numpy()
 
 
