@@ -121,13 +121,9 @@ class BeamSearch:
 
 
 @register_decoder
-class BeamSample:
+class BeamSample(BeamSearch):
+    """Sampling beam search: BeamSearch's decode, whose params (BeamSampleParams) pick the Gumbel
+    selector in `run_beam_decoder`."""
+
     name: ClassVar[str] = "beam_sample"
     Params: ClassVar[type] = BeamSampleParams
-
-    def decode(
-        self, ctx: DecoderContext, histories: list[list[int]], params: BeamSampleParams
-    ) -> DecodeResult:
-        return finish_backbone_search(
-            ctx, run_beam_decoder(ctx, histories, params), params, params.constrained
-        )
