@@ -1,6 +1,7 @@
 """`hf_beam` on an imported-style checkpoint: a tiny random HF Llama saved with a generation_config.json
 full of sampling and penalty defaults, and a tokenizer whose SID tokens interleave levels (no level is a
-contiguous id range), still gives deterministic beams equal to exhaustive search over every SID."""
+contiguous id range) and skip codes no item uses (LC-Rec's gaps), still gives deterministic beams equal
+to exhaustive search over every SID the tokenizer can spell."""
 
 import itertools
 import random
@@ -23,6 +24,7 @@ from genrec.workloads.tokenize.prompt_template import PromptEncoder, PromptTempl
 from genrec.workloads.tokenize.sid_tokens import load_sid_table, load_tokenizer, sid_pattern  # noqa: E402
 
 SIZES = (12, 3, 2)  # <a_10>, <a_11> sort before <a_2>
+GAPS = ("<a_4>", "<b_1>")  # codes without a token: never generated
 PAD_ID = 3  # "<pad>" in sid_tokenizers.WORDS
 HOSTILE = dict(  # what a checkpoint may ship; each of these would change a beam search if merged in
     do_sample=True,
@@ -43,7 +45,7 @@ HOSTILE = dict(  # what a checkpoint may ship; each of these would change a beam
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     folder = tmp_path_factory.mktemp("hf_ckpt")
-    sid = lcrec_token_strings(SIZES)
+    sid = [t for t in lcrec_token_strings(SIZES) if t not in GAPS]
     random.Random(5).shuffle(sid)  # levels interleave in id order
     tok = word_tokenizer(sid)
     save_tokenizer(tok, folder)
@@ -90,7 +92,10 @@ def prompts(encoder, seed, users=3):
     out = []
     for _ in range(users):
         n = int(rng.integers(1, 4))
-        out.append(encoder.encode(np.stack([rng.integers(0, t, size=n) for t in SIZES], axis=1)))
+        codes = np.stack([rng.integers(0, t, size=n) for t in SIZES], axis=1)
+        codes[codes[:, 0] == 4, 0] = 5  # history items are items: no gap codes
+        codes[codes[:, 1] == 1, 1] = 2
+        out.append(encoder.encode(codes))
     return out
 
 
@@ -107,8 +112,9 @@ def left_pad(rows):
 @torch.no_grad()
 def exhaustive(model, codec, prompt, k):
     """Every SID scored by teacher forcing: sum of full-vocabulary log-softmax at its tokens; best k."""
-    sids = list(itertools.product(*(range(t) for t in SIZES)))
+    sids = [s for s in itertools.product(*(range(t) for t in SIZES)) if s[0] != 4 and s[1] != 1]
     tokens = torch.as_tensor(codec.codes_to_tokens(np.array(sids)))
+    assert (tokens >= 0).all()
     seqs = torch.cat([torch.tensor(prompt).expand(len(sids), -1), tokens], dim=1)
     logp = torch.log_softmax(model(seqs).logits.float(), dim=-1)
     p = len(prompt)
@@ -140,7 +146,7 @@ def greedy(model, codec, prompt):
     for level in range(len(SIZES)):
         logp = torch.log_softmax(model(torch.tensor([seq])).logits[0, -1].float(), dim=-1)
         ids = torch.as_tensor(codec.level_token_ids(level))
-        code = int(logp[ids].argmax())
+        code = int(logp[ids].masked_fill(ids < 0, float("-inf")).argmax())
         codes.append(code)
         score += float(logp[ids[code]])
         seq.append(int(ids[code]))

@@ -31,6 +31,16 @@ def head_and_level(draw):
     return hidden, weight, torch.tensor(ids, dtype=torch.long)
 
 
+@st.composite
+def head_and_gappy_level(draw):
+    """As head_and_level, with some codes of the level left without a token (id -1, an LC-Rec gap)."""
+    hidden, weight, ids = draw(head_and_level())
+    gaps = draw(st.sets(st.integers(0, len(ids) - 1), max_size=len(ids) - 1))
+    ids = ids.clone()
+    ids[sorted(gaps)] = -1
+    return hidden, weight, ids
+
+
 @settings(max_examples=80, deadline=None)
 @given(case=head_and_level())
 def test_full_scores_are_the_full_log_softmax_at_the_level_ids(case):
@@ -53,6 +63,21 @@ def test_level_softmax_equals_gather_then_renormalise(case):
     full = level_log_probs(hidden, weight, ids)
     gap = got - full
     torch.testing.assert_close(gap, gap[..., :1].expand_as(gap), rtol=0, atol=1e-4)
+
+
+@settings(max_examples=60, deadline=None)
+@given(case=head_and_gappy_level())
+def test_gap_codes_score_minus_infinity_in_both_modes(case):
+    hidden, weight, ids = case
+    present = ids >= 0
+    logits = hidden @ weight.T
+    for level_softmax in (False, True):
+        got = level_log_probs(hidden, weight, ids, level_softmax=level_softmax)
+        assert torch.isneginf(got[..., ~present]).all()
+        ref = torch.log_softmax(logits, -1)[..., ids[present]]
+        if level_softmax:
+            ref = renormalise_over_level(ref)
+        torch.testing.assert_close(got[..., present], ref, rtol=0, atol=1e-5)
 
 
 def test_our_codec_gives_the_range_scores_bit_identically():

@@ -11,7 +11,7 @@ from sid_tokenizers import WORDS, lcrec_token_strings, save_tokenizer, word_toke
 
 from genrec.workloads.errors import UserInputError
 from genrec.workloads.sid_codec import SIDCodec
-from genrec.workloads.sid_table import SIDTokenTable
+from genrec.workloads.sid_table import NO_TOKEN, SIDTokenTable
 from genrec.workloads.tokenize.sid_tokens import (
     SIDPattern,
     load_sid_table,
@@ -24,14 +24,18 @@ sizes_st = st.lists(st.integers(1, 13), min_size=1, max_size=4).map(tuple)
 
 @st.composite
 def scrambled_tables(draw) -> SIDTokenTable:
-    """Any injective (level, code) -> id map inside a vocabulary with room for other tokens."""
+    """Any injective (level, code) -> id map inside a vocabulary with room for other tokens, with gaps
+    (codes without a token, as LC-Rec leaves for codes no item uses) at any code but the last."""
     sizes = draw(sizes_st)
     n = sum(sizes)
     vocab = n + draw(st.integers(0, 20))
     ids = draw(st.permutations(range(vocab)))[:n]
     out, start = [], 0
     for t in sizes:
-        out.append(tuple(ids[start : start + t]))
+        row = list(ids[start : start + t])
+        for c in draw(st.sets(st.integers(0, t - 2), max_size=t - 1)) if t > 1 else ():
+            row[c] = NO_TOKEN
+        out.append(tuple(row))
         start += t
     return SIDTokenTable(tuple(out), vocab)
 
@@ -40,10 +44,17 @@ def random_codes(sizes, rng, n=17) -> np.ndarray:
     return np.stack([rng.integers(0, t, size=n) for t in sizes], axis=1)
 
 
+def present_codes(table: SIDTokenTable, rng, n=17) -> np.ndarray:
+    return np.stack(
+        [rng.choice(np.flatnonzero(table.level_token_ids(l) >= 0), size=n) for l in range(table.levels)], 1
+    )
+
+
 @settings(max_examples=60, deadline=None)
 @given(table=scrambled_tables(), seed=st.integers(0, 2**16))
 def test_table_round_trips_codes_tokens_levels(table, seed):
-    codes = random_codes(table.codebook_sizes, np.random.default_rng(seed))
+    codes = present_codes(table, np.random.default_rng(seed))
+    table.check_item_codes(codes)
     tokens = table.codes_to_tokens(codes)
     assert np.array_equal(table.tokens_to_codes(tokens), codes)
     assert np.array_equal(table.level_of_token(tokens), np.broadcast_to(np.arange(table.levels), codes.shape))
@@ -56,7 +67,15 @@ def test_table_round_trips_codes_tokens_levels(table, seed):
     assert (table.level_of_token(others) == -1).all() and (table.code_of_token(others) == -1).all()
     for level in range(table.levels):
         ids = table.level_token_ids(level)
-        assert np.array_equal(table.code_of_token(ids), np.arange(len(ids)))
+        present = np.flatnonzero(ids >= 0)
+        assert np.array_equal(table.code_of_token(ids[present]), present)
+        assert np.array_equal(table.level_present_ids(level), ids[present])
+        if len(present) < len(ids):  # an item at a gap code has no token: refused
+            gap = int(np.flatnonzero(ids < 0)[0])
+            bad = codes[:1].copy()
+            bad[0, level] = gap
+            with pytest.raises(UserInputError, match=f"code {gap} at level {level}.*other codes only"):
+                table.check_item_codes(bad)
     assert SIDTokenTable.from_dict(table.to_dict()) == table
 
 
@@ -149,9 +168,17 @@ def test_errors_gaps_tokenizer_without_sid_items_and_vocab_size(tmp_path):
     with pytest.raises(UserInputError, match="no SID tokens found") as e:
         sid_table_from_tokenizer(word_tokenizer([]), "lcrec")
     assert "\n" not in str(e.value)
-    gappy = [t for t in lcrec_token_strings((8, 3)) if t != "<a_5>"]
+    gappy = [t for t in lcrec_token_strings((8, 3)) if t not in ("<a_5>", "<b_0>")]
     with pytest.raises(UserInputError, match="level 0 has SID tokens for codes up to 7 but none for code 5"):
-        sid_table_from_tokenizer(word_tokenizer(gappy), "lcrec")
+        sid_table_from_tokenizer(word_tokenizer(gappy), "lcrec", allow_gaps=False)
+    with pytest.raises(UserInputError, match="none for code 5"):  # other patterns refuse gaps by default
+        sid_table_from_tokenizer(word_tokenizer(gappy), "<{level}_{code}>")
+    # LC-Rec adds only the codes items use: its preset keeps the gaps, which are never generated
+    codec = SIDCodec.from_table(sid_table_from_tokenizer(word_tokenizer(gappy), "lcrec"))
+    assert codec.codebook_sizes == (8, 3) and codec.level_token_ids(0)[5] == -1
+    assert len(codec.level_allowed_ids(0)) == 7 and len(codec.level_allowed_ids(1)) == 2
+    with pytest.raises(UserInputError, match="item row 0 has code 0 at level 1"):
+        codec.table.check_item_codes(np.array([[1, 0]]))
     no_b = [t for t in lcrec_token_strings((2, 2, 2)) if not t.startswith("<b_")]
     with pytest.raises(UserInputError, match="not level 1"):
         sid_table_from_tokenizer(word_tokenizer(no_b), "lcrec")

@@ -120,12 +120,18 @@ class SIDCodec:
         return span
 
     def level_token_ids(self, level: int) -> np.ndarray:
-        """[T_level] token ids of `level` (0-based), indexed by code."""
+        """[T_level] token ids of `level` (0-based), indexed by code; -1 for a code without a token (a gap
+        in an imported vocabulary: never to be generated)."""
         self._check_level(level)
         if self.token_table is None:
             start, end = self.level_range(level)
             return np.arange(start, end, dtype=np.int64)
         return self.token_table.level_token_ids(level)
+
+    def level_allowed_ids(self, level: int) -> np.ndarray:
+        """The token ids a decoder may produce at `level`: level_token_ids without a table's gaps (-1)."""
+        ids = self.level_token_ids(level)
+        return ids if self.token_table is None else ids[ids >= 0]
 
     def level_of_token(self, tokens: np.ndarray | torch.Tensor) -> np.ndarray | torch.Tensor:
         """The SID level (0-based) of each token id; -1 for an id that is no SID token."""

@@ -6,10 +6,15 @@ order, so `<a_10>` gets a smaller id than `<a_2>`, and other frameworks interlea
 in a different order. The table is the one place that knows the mapping; every question a decoder asks
 (the ids allowed at a level, the level and code of an id, codes <-> ids of whole SIDs) goes through it.
 
-The table is dense per level: level l has one token for every code 0..T_l - 1 (a gap is refused where
-the table is built, tokenize/sid_tokens.py), so codes and the mixed-radix keys of sid_codec.py keep
-their meaning. The reverse maps (`level_of`, `code_of`) are arrays over the whole id space, -1 for ids
-that are no SID token, so a lookup is one gather in numpy or torch.
+Codes keep their meaning (code c of level l is the c in the token `<x_c>`), so the items' codes, the
+datasets imported from the same index and the mixed-radix keys of sid_codec.py all agree. A level's
+codebook is 0..T_l - 1 with T_l = largest code + 1; a code without a token (a gap) has id NO_TOKEN (-1).
+Gaps are normal for LC-Rec, which adds only the tokens that some item uses (the Beauty index uses 91
+of 256 first-level codes); elsewhere the table builder refuses them unless the pattern allows them
+(tokenize/sid_tokens.py). A gap code can never be generated: `level_token_ids` reports it as -1, and the
+scorers and HF's allowed-token masks give it no probability (tokenize/level_scores.py, hf_beam.py).
+The reverse maps (`level_of`, `code_of`) are arrays over the whole id space, -1 for ids that are no SID
+token, so a lookup is one gather in numpy or torch.
 """
 
 from __future__ import annotations
@@ -21,10 +26,12 @@ import torch
 
 from genrec.workloads.errors import UserInputError
 
+NO_TOKEN = -1  # the id of a code that has no token (a gap)
+
 
 @dataclass(frozen=True)
 class SIDTokenTable:
-    """`ids[l][c]` is the token id of code c at level l (0-based); `vocab_size` bounds every id."""
+    """`ids[l][c]` is the token id of code c at level l (0-based), NO_TOKEN for a gap; ids < vocab_size."""
 
     ids: tuple[tuple[int, ...], ...]
     vocab_size: int
@@ -35,9 +42,9 @@ class SIDTokenTable:
 
     def __post_init__(self) -> None:
         ids = tuple(tuple(int(t) for t in level) for level in self.ids)
-        if not ids or any(not level for level in ids):
+        if not ids or any(max(level, default=NO_TOKEN) == NO_TOKEN for level in ids):
             raise ValueError("a SID token table needs at least one level, each with at least one token")
-        flat = np.fromiter((t for level in ids for t in level), dtype=np.int64)
+        flat = np.fromiter((t for level in ids for t in level if t != NO_TOKEN), dtype=np.int64)
         if flat.min() < 0 or flat.max() >= self.vocab_size:
             raise ValueError(
                 f"SID token ids must lie in [0, {self.vocab_size}), got {flat.min()}..{flat.max()}"
@@ -52,8 +59,9 @@ class SIDTokenTable:
         for l, level in enumerate(ids):
             row = np.asarray(level, dtype=np.int64)
             matrix[l, : len(row)] = row
-            level_of[row] = l
-            code_of[row] = np.arange(len(row))
+            present = np.flatnonzero(row != NO_TOKEN)
+            level_of[row[present]] = l
+            code_of[row[present]] = present
         object.__setattr__(self, "ids", ids)
         object.__setattr__(self, "vocab_size", int(self.vocab_size))
         object.__setattr__(self, "_matrix", matrix)
@@ -75,12 +83,21 @@ class SIDTokenTable:
     def codebook_sizes(self) -> tuple[int, ...]:
         return tuple(len(level) for level in self.ids)
 
+    @property
+    def has_gaps(self) -> bool:
+        return any(NO_TOKEN in level for level in self.ids)
+
     def level_token_ids(self, level: int) -> np.ndarray:
-        """[T_level] token ids of `level`, indexed by code (a copy)."""
+        """[T_level] token ids of `level`, indexed by code (a copy); NO_TOKEN (-1) at a gap."""
         return np.asarray(self.ids[level], dtype=np.int64)
 
+    def level_present_ids(self, level: int) -> np.ndarray:
+        """The level's token ids without the gaps: the tokens a decoder may produce at this level."""
+        row = self.level_token_ids(level)
+        return row[row != NO_TOKEN]
+
     def contiguous_range(self, level: int) -> tuple[int, int] | None:
-        """[start, end) when the level's ids are start + code for every code, else None."""
+        """[start, end) when the level's ids are start + code for every code (no gap), else None."""
         row = self.ids[level]
         start = row[0]
         return (start, start + len(row)) if row == tuple(range(start, start + len(row))) else None
@@ -91,7 +108,7 @@ class SIDTokenTable:
         return self._matrix if like is None else torch.as_tensor(self._matrix, device=like.device)
 
     def codes_to_tokens(self, codes: np.ndarray | torch.Tensor) -> np.ndarray | torch.Tensor:
-        """[..., L] codes -> [..., L] token ids (no range check; validate input data first)."""
+        """[..., L] codes -> [..., L] token ids, NO_TOKEN for a gap (no range check: see check_item_codes)."""
         levels = np.arange(self.levels)
         if isinstance(codes, torch.Tensor):
             m = torch.as_tensor(self._matrix, device=codes.device)
@@ -129,12 +146,15 @@ class SIDTokenTable:
             )
         sizes = np.asarray(self.codebook_sizes, dtype=np.int64)
         bad = (codes < 0) | (codes >= sizes)
+        if not bad.any() and self.has_gaps:
+            bad = self.codes_to_tokens(codes) == NO_TOKEN
         if bad.any():
             row, level = map(int, np.argwhere(bad)[0])
+            code = int(codes[row, level])
+            have = f"codes 0..{sizes[level] - 1} only" if not 0 <= code < sizes[level] else "other codes only"
             raise UserInputError(
-                f"{where}: item row {row} has code {int(codes[row, level])} at level {level}, but the "
-                f"tokenizer has SID tokens for codes 0..{sizes[level] - 1} only; use the items file the "
-                "checkpoint was trained with"
+                f"{where}: item row {row} has code {code} at level {level}, but the tokenizer has SID tokens "
+                f"for {have}; use the items file the checkpoint was trained with"
             )
 
     # --- serialisation ------------------------------------------------------------------------

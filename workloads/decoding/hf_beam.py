@@ -22,7 +22,7 @@ tokens, forced tokens, sequence bias), so the model's generation config is also 
 MiniOneRec users lost results to such defaults) cannot turn the search into something else. Flags of
 the checkpoint that are overridden are logged once per model.
 
-SID tokens are allowed level by level through the codec (`codec.level_token_ids`), so an imported
+SID tokens are allowed level by level through the codec (`codec.level_allowed_ids`), so an imported
 vocabulary whose SID tokens are in string order (LC-Rec) works like our level-offset one. Two
 equivalent ways (`allowed_tokens`): a vectorised mask (default, the fast peer) or HF's
 `prefix_allowed_tokens_fn`, the mechanism LC-Rec evaluates with.
@@ -168,7 +168,7 @@ class SIDLevelMask:
         key = (step, vocab, device)
         if key not in self._keep:
             keep = torch.zeros(vocab, dtype=torch.bool, device=device)
-            keep[torch.as_tensor(self.codec.level_token_ids(step), device=device)] = True
+            keep[torch.as_tensor(self.codec.level_allowed_ids(step), device=device)] = True
             self._keep[key] = keep
         return self._keep[key]
 
@@ -185,7 +185,7 @@ class SIDLevelMask:
 
 def sid_prefix_allowed_fn(codec: SIDCodec, prompt_len: int) -> Callable[[int, torch.Tensor], list[int]]:
     """HF's `prefix_allowed_tokens_fn` over the codec's SID table: level s's token ids at step s."""
-    per_level = [codec.level_token_ids(level).tolist() for level in range(codec.levels)]
+    per_level = [codec.level_allowed_ids(level).tolist() for level in range(codec.levels)]
     mask = SIDLevelMask(codec, prompt_len)
     return lambda batch_id, sentence: per_level[mask.step(sentence.shape[-1])]
 

@@ -13,8 +13,9 @@ At SID level l a GR decoder ranks the level's T_l codes. Two ways to score them:
   compare differently: its effect on quality is to be measured, not assumed.
 
 The level's ids come from the codec (`codec.level_token_ids(level)`, any order, not necessarily a
-contiguous range). Matmuls run in the weights' dtype as the model's own head does; softmax and scores
-are fp32.
+contiguous range); an id of -1 marks a code without a token (a gap in an LC-Rec vocabulary), whose
+score is -inf in both modes. Matmuls run in the weights' dtype as the model's own head does; softmax and
+scores are fp32.
 """
 
 from __future__ import annotations
@@ -30,9 +31,15 @@ def level_ids_tensor(codec: SIDCodec, level: int, device: torch.device | str) ->
     return torch.as_tensor(codec.level_token_ids(level), dtype=torch.long, device=device)
 
 
+def _mask_gaps(scores: Tensor, level_ids: Tensor) -> Tensor:
+    # always applied (no host sync to ask whether there are gaps); a no-op on a gapless level
+    return scores.masked_fill(level_ids < 0, float("-inf"))
+
+
 def gather_level_log_probs(logits: Tensor, level_ids: Tensor) -> Tensor:
     """[..., V] full logits -> [..., T] full-vocabulary log-probabilities at the level's ids (fp32)."""
-    return torch.log_softmax(logits.float(), dim=-1).index_select(-1, level_ids)
+    logp = torch.log_softmax(logits.float(), dim=-1).index_select(-1, level_ids.clamp(min=0))
+    return _mask_gaps(logp, level_ids)
 
 
 def level_log_probs(
@@ -47,8 +54,9 @@ def level_log_probs(
     level's rows of the head are computed and the softmax runs over them.
     """
     if level_softmax:
-        rows = lm_head_weight.index_select(0, level_ids)  # [T, D]
-        return torch.log_softmax((hidden.to(rows.dtype) @ rows.T).float(), dim=-1)
+        rows = lm_head_weight.index_select(0, level_ids.clamp(min=0))  # [T, D]
+        logits = _mask_gaps((hidden.to(rows.dtype) @ rows.T).float(), level_ids)
+        return torch.log_softmax(logits, dim=-1)
     logits = hidden.to(lm_head_weight.dtype) @ lm_head_weight.T
     return gather_level_log_probs(logits, level_ids)
 

@@ -14,8 +14,12 @@ library from `tokenizer.json` (offline). Every token of the vocabulary, added or
 the token ids are taken as they are: LC-Rec adds its tokens sorted as strings, so `<a_10>` comes before
 `<a_2>`; the table records that, nothing here assumes an order.
 
+Gaps: LC-Rec adds only the tokens that some item uses, so a level may lack codes (the Beauty index uses
+91 of 256 first-level codes); the `lcrec` preset allows that (a gap code is never generated, see
+sid_table.py). Other patterns refuse gaps unless `allow_gaps` is passed.
+
 Errors are one-line `UserInputError`s naming the problem and the fix: no SID token in the tokenizer,
-a level whose codes have gaps, tokenizer ids beyond the model's vocabulary.
+a level whose codes have gaps (where not allowed), tokenizer ids beyond the model's vocabulary.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from genrec.workloads.errors import UserInputError
-from genrec.workloads.sid_table import SIDTokenTable
+from genrec.workloads.sid_table import NO_TOKEN, SIDTokenTable
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from tokenizers import Tokenizer
@@ -38,6 +42,7 @@ PRESETS: dict[str, tuple[str, ...]] = {
     "lcrec": ("<{level}_{code}>",),
     "openonerec": ("<s_{level}_{code}>",),
 }
+GAPS_ALLOWED = {"lcrec"}  # frameworks that add only the codes items use
 LEVEL_LETTERS = string.ascii_lowercase
 _CODE_RE = "(?P<code>0|[1-9][0-9]*)"
 _LEVEL_RE = "(?P<level>[a-z])"
@@ -52,6 +57,7 @@ class SIDPattern:
 
     templates: tuple[str, ...]
     name: str = "custom"
+    allow_gaps: bool = False  # a level may lack codes (no item uses them): they are never generated
 
     def __post_init__(self) -> None:
         templates = tuple(self.templates)
@@ -84,11 +90,11 @@ class SIDPattern:
         return self.templates[level].format(code=code)
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "templates": list(self.templates)}
+        return {"name": self.name, "templates": list(self.templates), "allow_gaps": self.allow_gaps}
 
     @classmethod
     def from_dict(cls, d: Mapping) -> SIDPattern:
-        return cls(tuple(d["templates"]), str(d.get("name", "custom")))
+        return cls(tuple(d["templates"]), str(d.get("name", "custom")), bool(d.get("allow_gaps", False)))
 
 
 def _fields(template: str) -> list[str]:
@@ -107,16 +113,21 @@ def _to_regex(template: str) -> str:
     return "".join(parts)
 
 
-def sid_pattern(spec: str | SIDPattern) -> SIDPattern:
-    """A preset name (`lcrec`, `openonerec`) or a custom spec (templates separated by spaces)."""
+def sid_pattern(spec: str | SIDPattern, allow_gaps: bool | None = None) -> SIDPattern:
+    """A preset name (`lcrec`, `openonerec`) or a custom spec (templates separated by spaces);
+    `allow_gaps` overrides the preset's gap rule (None keeps it)."""
     if isinstance(spec, SIDPattern):
-        return spec
-    if spec in PRESETS:
-        return SIDPattern(PRESETS[spec], spec)
-    templates = tuple(spec.split())
-    if not templates or not any("{" in t for t in templates):
-        raise UserInputError(f"unknown SID pattern {spec!r}; {PATTERN_HINT}")
-    return SIDPattern(templates)
+        pattern = spec
+    elif spec in PRESETS:
+        pattern = SIDPattern(PRESETS[spec], spec, spec in GAPS_ALLOWED)
+    else:
+        templates = tuple(spec.split())
+        if not templates or not any("{" in t for t in templates):
+            raise UserInputError(f"unknown SID pattern {spec!r}; {PATTERN_HINT}")
+        pattern = SIDPattern(templates)
+    if allow_gaps is None or allow_gaps == pattern.allow_gaps:
+        return pattern
+    return SIDPattern(pattern.templates, pattern.name, allow_gaps)
 
 
 def match_sid_token(pattern: SIDPattern, regexes: tuple[re.Pattern[str], ...], token: str) -> list[tuple]:
@@ -153,8 +164,10 @@ def sid_tokens_in_vocab(vocab: Mapping[str, int], pattern: SIDPattern, where: st
     return found
 
 
-def table_from_found(found: Mapping[tuple, int], vocab_size: int, where: str) -> SIDTokenTable:
-    """The dense table, refusing a level or code that is missing (a gap)."""
+def table_from_found(
+    found: Mapping[tuple, int], vocab_size: int, where: str, allow_gaps: bool = False
+) -> SIDTokenTable:
+    """The table, refusing a missing level, and a missing code (a gap) unless gaps are allowed."""
     levels = sorted({lv for lv, _ in found})
     if levels != list(range(len(levels))):
         missing = min(set(range(max(levels) + 1)) - set(levels))
@@ -165,15 +178,15 @@ def table_from_found(found: Mapping[tuple, int], vocab_size: int, where: str) ->
     ids = []
     for lv in levels:
         codes = sorted(c for level, c in found if level == lv)
-        if codes != list(range(len(codes))):
+        if codes != list(range(len(codes))) and not allow_gaps:
             gaps = sorted(set(range(codes[-1] + 1)) - set(codes))
             more = f" (and {len(gaps) - 1} more)" if len(gaps) > 1 else ""
             raise UserInputError(
                 f"{where}: level {lv} has SID tokens for codes up to {codes[-1]} but none for code "
-                f"{gaps[0]}{more}; every code 0..N-1 of a level needs its token (add the missing tokens "
-                "to the tokenizer, or use the tokenizer the checkpoint was trained with)"
+                f"{gaps[0]}{more}; use the tokenizer the checkpoint was trained with, or allow gaps "
+                "(codes no item uses; they are never generated) if its framework adds only used codes"
             )
-        ids.append(tuple(found[(lv, c)] for c in codes))
+        ids.append(tuple(found.get((lv, c), NO_TOKEN) for c in range(codes[-1] + 1)))
     return SIDTokenTable(tuple(ids), vocab_size)
 
 
@@ -214,18 +227,26 @@ def sid_table_from_tokenizer(
     pattern: str | SIDPattern = "lcrec",
     model_vocab_size: int | None = None,
     where: str = "tokenizer.json",
+    allow_gaps: bool | None = None,
 ) -> SIDTokenTable:
-    """The SID token table of a tokenizer; ids bounded by the model's vocab size when it is given."""
+    """The SID token table of a tokenizer; ids bounded by the model's vocab size when it is given;
+    `allow_gaps` None follows the pattern (the lcrec preset allows gaps)."""
     size = tokenizer_size(tok)
     if model_vocab_size is not None:
         check_vocab_size(size, model_vocab_size, where)
-    found = sid_tokens_in_vocab(tok.get_vocab(with_added_tokens=True), sid_pattern(pattern), where)
-    return table_from_found(found, size if model_vocab_size is None else model_vocab_size, where)
+    pat = sid_pattern(pattern, allow_gaps)
+    found = sid_tokens_in_vocab(tok.get_vocab(with_added_tokens=True), pat, where)
+    return table_from_found(
+        found, size if model_vocab_size is None else model_vocab_size, where, pat.allow_gaps
+    )
 
 
 def load_sid_table(
-    path: str | os.PathLike, pattern: str | SIDPattern = "lcrec", model_vocab_size: int | None = None
+    path: str | os.PathLike,
+    pattern: str | SIDPattern = "lcrec",
+    model_vocab_size: int | None = None,
+    allow_gaps: bool | None = None,
 ) -> SIDTokenTable:
     """`sid_table_from_tokenizer` on a checkpoint folder's (or a file's) tokenizer.json."""
     tok = load_tokenizer(path)
-    return sid_table_from_tokenizer(tok, pattern, model_vocab_size, where=str(path))
+    return sid_table_from_tokenizer(tok, pattern, model_vocab_size, str(path), allow_gaps)
