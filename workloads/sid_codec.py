@@ -2,9 +2,14 @@
 
 A semantic ID (SID) is a tuple of L codes, code l drawn from a codebook of size T_l.
 
-Token ids are level-offset: special tokens first, then the T_1 codes of level 1, then the T_2
-codes of level 2, and so on, so every (level, code) pair has its own token and a decoder can
-restrict a step to one level by slicing a contiguous range of the vocabulary.
+Token ids of our own models are level-offset: special tokens first, then the T_1 codes of level 1,
+then the T_2 codes of level 2, and so on, so every (level, code) pair has its own token and a decoder
+can restrict a step to one level by slicing a contiguous range of the vocabulary. An imported Hugging
+Face checkpoint carries a `SIDTokenTable` instead (sid_table.py: LC-Rec adds its tokens in string
+order, so a level's ids are neither contiguous nor in code order); the codec then answers every
+token question through the table (`level_token_ids`, `level_of_token`, `code_of_token`, codes <->
+tokens), and `level_range` / `level_offset` are only defined where a level happens to be contiguous.
+Without a table the level-offset arithmetic is used unchanged.
 
 The mixed-radix integer (NEZHA eq. 4) packs a SID into one int64,
     key = sum_l c_l * prod_{j > l} T_j,
@@ -15,9 +20,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import torch
+
+from genrec.workloads.sid_table import SIDTokenTable
 
 # Special tokens. The NEZHA placeholder tokens <SP_1>..<SP_L> are reserved from the start so the
 # vocabulary (and therefore a checkpoint's embedding table) does not change between decoders.
@@ -28,9 +36,15 @@ NUM_FIXED_SPECIAL = 3
 @dataclass(frozen=True)
 class SIDCodec:
     codebook_sizes: tuple[int, ...]
+    token_table: SIDTokenTable | None = None  # an imported checkpoint's ids; None: level-offset ids
 
     def __post_init__(self) -> None:
         sizes = tuple(int(t) for t in self.codebook_sizes)
+        if self.token_table is not None and self.token_table.codebook_sizes != sizes:
+            raise ValueError(
+                f"codebook sizes {sizes} disagree with the SID token table's "
+                f"{self.token_table.codebook_sizes}"
+            )
         if not sizes:
             raise ValueError("a semantic ID needs at least one level (codebook_sizes is empty)")
         if any(t < 1 for t in sizes):
@@ -39,18 +53,38 @@ class SIDCodec:
             raise ValueError(f"codebook sizes {sizes} overflow a 64-bit mixed-radix key")
         object.__setattr__(self, "codebook_sizes", sizes)
 
+    @classmethod
+    def from_table(cls, table: SIDTokenTable) -> SIDCodec:
+        """The codec of an imported checkpoint whose SID tokens the table lists."""
+        return cls(table.codebook_sizes, table)
+
     # --- shape -------------------------------------------------------------------------------
     @property
     def levels(self) -> int:
         return len(self.codebook_sizes)
 
     @property
+    def is_level_offset(self) -> bool:
+        """True for our own models' layout (no token table)."""
+        return self.token_table is None
+
+    @property
     def num_special(self) -> int:
+        self._require_level_offset("special tokens (PAD, BOS, SEP, NEZHA placeholders)")
         return NUM_FIXED_SPECIAL + self.levels
 
     @property
     def vocab_size(self) -> int:
+        if self.token_table is not None:
+            return self.token_table.vocab_size
         return self.num_special + sum(self.codebook_sizes)
+
+    @cached_property
+    def table(self) -> SIDTokenTable:
+        """The (level, code) -> token id table; for our layout, built from the level offsets."""
+        if self.token_table is not None:
+            return self.token_table
+        return SIDTokenTable.level_offset(self.codebook_sizes, self.num_special, self.vocab_size)
 
     @property
     def num_sids(self) -> int:
@@ -60,21 +94,60 @@ class SIDCodec:
     def placeholder_token(self, level: int) -> int:
         """Token id of the NEZHA placeholder <SP_{level+1}> (level is 0-based)."""
         self._check_level(level)
+        self._require_level_offset("NEZHA placeholder tokens")
         return NUM_FIXED_SPECIAL + level
 
     def level_offset(self, level: int) -> int:
-        """First token id of `level` (0-based)."""
-        self._check_level(level)
-        return self.num_special + sum(self.codebook_sizes[:level])
+        """First token id of `level` (0-based); for a token table only where the level is contiguous."""
+        return self.level_range(level)[0]
 
     def level_range(self, level: int) -> tuple[int, int]:
-        """Half-open token-id range [start, end) of `level` (0-based)."""
-        start = self.level_offset(level)
-        return start, start + self.codebook_sizes[level]
+        """Half-open token-id range [start, end) of `level` (0-based): id = start + code.
+
+        A token table's level need not be one such range (LC-Rec's is not); asking for it then is a
+        programming error in a decoder that has not moved to `level_token_ids` yet.
+        """
+        self._check_level(level)
+        if self.token_table is None:
+            start = self.num_special + sum(self.codebook_sizes[:level])
+            return start, start + self.codebook_sizes[level]
+        span = self.token_table.contiguous_range(level)
+        if span is None:
+            raise ValueError(
+                f"level {level}'s SID tokens are not one contiguous id range in code order (an imported "
+                "vocabulary); use codec.level_token_ids(level) instead of level_range"
+            )
+        return span
+
+    def level_token_ids(self, level: int) -> np.ndarray:
+        """[T_level] token ids of `level` (0-based), indexed by code; -1 for a code without a token (a gap
+        in an imported vocabulary: never to be generated)."""
+        self._check_level(level)
+        if self.token_table is None:
+            start, end = self.level_range(level)
+            return np.arange(start, end, dtype=np.int64)
+        return self.token_table.level_token_ids(level)
+
+    def level_allowed_ids(self, level: int) -> np.ndarray:
+        """The token ids a decoder may produce at `level`: level_token_ids without a table's gaps (-1)."""
+        ids = self.level_token_ids(level)
+        return ids if self.token_table is None else ids[ids >= 0]
+
+    def level_of_token(self, tokens: np.ndarray | torch.Tensor) -> np.ndarray | torch.Tensor:
+        """The SID level (0-based) of each token id; -1 for an id that is no SID token."""
+        return self.table.level_of_token(tokens)
+
+    def code_of_token(self, tokens: np.ndarray | torch.Tensor) -> np.ndarray | torch.Tensor:
+        """The SID code of each token id; -1 for an id that is no SID token."""
+        return self.table.code_of_token(tokens)
 
     def _check_level(self, level: int) -> None:
         if not 0 <= level < self.levels:
             raise IndexError(f"level {level} out of range for {self.levels} levels")
+
+    def _require_level_offset(self, what: str) -> None:
+        if self.token_table is not None:
+            raise ValueError(f"{what}: an imported vocabulary (SID token table) has none of ours")
 
     # --- codes <-> tokens ----------------------------------------------------------------------
     def offsets(self) -> np.ndarray:
@@ -100,11 +173,16 @@ class SIDCodec:
 
     def codes_to_tokens(self, codes: np.ndarray | torch.Tensor) -> np.ndarray | torch.Tensor:
         """[..., L] codes -> [..., L] token ids (no range check; use validate_codes on input data)."""
+        if self.token_table is not None:
+            return self.token_table.codes_to_tokens(codes)
         if isinstance(codes, torch.Tensor):
             return codes + torch.as_tensor(self.offsets(), device=codes.device, dtype=codes.dtype)
         return np.asarray(codes, dtype=np.int64) + self.offsets()
 
     def tokens_to_codes(self, tokens: np.ndarray | torch.Tensor) -> np.ndarray | torch.Tensor:
+        """[..., L] token ids -> codes (a table gives -1 for an id that is no SID token)."""
+        if self.token_table is not None:
+            return self.token_table.tokens_to_codes(tokens)
         if isinstance(tokens, torch.Tensor):
             return tokens - torch.as_tensor(self.offsets(), device=tokens.device, dtype=tokens.dtype)
         return np.asarray(tokens, dtype=np.int64) - self.offsets()
@@ -135,11 +213,14 @@ class SIDCodec:
 
     # --- serialisation ------------------------------------------------------------------------
     def to_dict(self) -> dict:
-        return {"codebook_sizes": list(self.codebook_sizes)}
+        if self.token_table is None:  # our checkpoints' stored form is unchanged
+            return {"codebook_sizes": list(self.codebook_sizes)}
+        return {"codebook_sizes": list(self.codebook_sizes), "token_table": self.token_table.to_dict()}
 
     @classmethod
     def from_dict(cls, d: dict) -> SIDCodec:
-        return cls(tuple(d["codebook_sizes"]))
+        table = d.get("token_table")
+        return cls(tuple(d["codebook_sizes"]), None if table is None else SIDTokenTable.from_dict(table))
 
 
 def resolve_collisions(codes: np.ndarray) -> tuple[np.ndarray, dict]:
