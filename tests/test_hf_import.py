@@ -218,6 +218,20 @@ def test_imported_model_saves_and_loads_as_our_checkpoint(checkpoints, family, t
     assert torch.equal(back(tokens, mask)[0], ours(tokens, mask)[0])
 
 
+def test_llama_layout_exports_back_to_transformers(checkpoints):
+    """hf_bridge.to_hf_llama on an imported Llama (GQA, q/k/v/o and MLP biases, llama3 rope) scores like
+    the original; Qwen2/Qwen3 layouts are not Llama and are refused."""
+    from genrec.workloads.models.hf_bridge import to_hf_llama
+
+    _, hf, ours = checkpoints["llama"]
+    tokens, mask = random_prompts(np.random.default_rng(5), 2, VOCAB, 8)
+    back = to_hf_llama(ours, attn_implementation="eager")
+    torch.testing.assert_close(hf_logits(back, tokens, mask)[mask], hf_logits(hf, tokens, mask)[mask])
+    for family in ("qwen2", "qwen3"):
+        with pytest.raises(UserInputError, match="cannot express"):
+            to_hf_llama(checkpoints[family][2])
+
+
 # --- bad input --------------------------------------------------------------------------------------
 def copy_folder(checkpoints, family, tmp_path):
     dst = tmp_path / family
