@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -26,6 +28,7 @@ from test_extend import random_tree, recompute
 from test_model import random_prompts
 
 from genrec.workloads.errors import UserInputError
+from genrec.workloads.models.hf_config import hf_model_config
 from genrec.workloads.models.hf_import import load_hf_model, read_hf_config
 
 tf = pytest.importorskip("transformers", reason="the peers extra builds the reference checkpoints")
@@ -112,6 +115,15 @@ def hf_logits(hf, tokens, mask):
         return hf(input_ids=tokens, attention_mask=mask.long(), position_ids=pos).logits
 
 
+def test_hf_import_needs_no_transformers():
+    """The import runs where transformers is absent: json + safetensors only."""
+    code = (
+        "import sys; import genrec.workloads.models.hf_import; "
+        "assert 'transformers' not in sys.modules, 'transformers imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
 def test_import_maps_each_feature(checkpoints):
     cfgs = {family: checkpoints[family][2].config for family in FAMILIES}
     assert all(c.n_kv_heads < c.n_heads for c in cfgs.values())
@@ -156,6 +168,10 @@ def test_bf16_weights_stay_bf16_and_match_transformers_in_bf16(checkpoints, fami
     assert ours_err <= 1.5 * hf_err + 1e-3, (ours_err, hf_err)
     pre = ours.prefill(tokens, mask)  # the cached path runs in bf16 too (fp32 scores inside)
     torch.testing.assert_close(pre.logits.float(), ref[:, -1].float(), **BF16_TOL)
+    nxt = torch.tensor([5, 7])
+    step = ours.step(nxt, pre.cache.expand(1, 1))
+    longer = hf_logits(hf16, torch.cat([tokens, nxt[:, None]], 1), torch.cat([mask, mask[:, -1:]], 1))
+    torch.testing.assert_close(step.logits.float(), longer[:, -1].float(), **BF16_TOL)
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -230,6 +246,59 @@ def test_llama_layout_exports_back_to_transformers(checkpoints):
     for family in ("qwen2", "qwen3"):
         with pytest.raises(UserInputError, match="cannot express"):
             to_hf_llama(checkpoints[family][2])
+
+
+COMMON = dict(hidden_act="silu", initializer_range=0.02, use_cache=True, torch_dtype="bfloat16")
+PUBLISHED = {  # the architecture fields of published configs (LC-Rec's base, NEZHA's, MiniOneRec's, ...)
+    "llama-7b (LC-Rec, AtSpeed)": dict(
+        architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=4096, intermediate_size=11008,
+        num_attention_heads=32, num_hidden_layers=32, max_position_embeddings=2048,
+        max_sequence_length=2048, rms_norm_eps=1e-6, tie_word_embeddings=False, vocab_size=32000,
+        bos_token_id=1, eos_token_id=2, pad_token_id=0, transformers_version="4.28.0.dev0",
+    ),
+    "llama-3.2-1b (NEZHA)": dict(
+        architectures=["LlamaForCausalLM"], model_type="llama", attention_bias=False, head_dim=64,
+        hidden_size=2048, intermediate_size=8192, max_position_embeddings=131072, mlp_bias=False,
+        num_attention_heads=32, num_hidden_layers=16, num_key_value_heads=8, pretraining_tp=1,
+        rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=True, vocab_size=128256,
+        rope_scaling=dict(factor=32.0, high_freq_factor=4.0, low_freq_factor=1.0,
+                          original_max_position_embeddings=8192, rope_type="llama3"),
+    ),
+    "mistral-7b-v0.1": dict(
+        architectures=["MistralForCausalLM"], model_type="mistral", hidden_size=4096,
+        intermediate_size=14336, max_position_embeddings=32768, num_attention_heads=32,
+        num_hidden_layers=32, num_key_value_heads=8, rms_norm_eps=1e-5, rope_theta=10000.0,
+        sliding_window=4096, tie_word_embeddings=False, vocab_size=32000,
+    ),
+    "qwen2.5-0.5b (MiniOneRec)": dict(
+        architectures=["Qwen2ForCausalLM"], model_type="qwen2", attention_dropout=0.0, hidden_size=896,
+        intermediate_size=4864, max_position_embeddings=32768, max_window_layers=21,
+        num_attention_heads=14, num_hidden_layers=24, num_key_value_heads=2, rms_norm_eps=1e-6,
+        rope_theta=1000000.0, sliding_window=32768, tie_word_embeddings=True, use_sliding_window=False,
+        vocab_size=151936,
+    ),
+    "qwen3-0.6b (OpenOneRec family)": dict(
+        architectures=["Qwen3ForCausalLM"], model_type="qwen3", attention_bias=False, head_dim=128,
+        hidden_size=1024, intermediate_size=3072, max_position_embeddings=40960, max_window_layers=28,
+        num_attention_heads=16, num_hidden_layers=28, num_key_value_heads=8, rms_norm_eps=1e-6,
+        rope_scaling=None, rope_theta=1000000, sliding_window=None, tie_word_embeddings=True,
+        use_sliding_window=False, vocab_size=151936,
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(PUBLISHED))
+def test_published_configs_map_without_refusals(name):
+    cfg, summary = hf_model_config(PUBLISHED[name] | COMMON)
+    raw = PUBLISHED[name]
+    assert cfg.n_kv_heads == raw.get("num_key_value_heads", raw["num_attention_heads"])
+    assert cfg.tie_embeddings == raw["tie_word_embeddings"]
+    if name.startswith("mistral"):
+        assert cfg.max_seq_len == 4096 and summary.notes
+    if name.startswith("llama-3.2"):
+        assert cfg.rope_type == "llama3" and cfg.rope_factor == 32.0 and cfg.rope_original_max_len == 8192
+    if name.startswith("qwen3"):
+        assert cfg.qk_norm and cfg.head_dim == 128 and cfg.dim == 1024
 
 
 # --- bad input --------------------------------------------------------------------------------------

@@ -66,6 +66,7 @@ HANDLED = frozenset(
         "max_window_layers",
         "layer_types",
         "quantization_config",
+        "use_mrope",
     )
 )
 # fields that do not change the eval-mode forward pass: token ids, dropout, training-time and
@@ -85,6 +86,7 @@ INERT = frozenset(
         "attention_dropout",
         "use_cache",
         "pretraining_tp",  # a training-time tensor-parallel setting; the forward pass ignores it
+        "max_sequence_length",  # LLaMA-1 conversions (LC-Rec's base): unused; max_position_embeddings rules
         "output_attentions",
         "output_hidden_states",
         "return_dict",
@@ -180,6 +182,8 @@ def _check_fields(raw: dict, family: str, where: str) -> None:
             f"field(s) {unknown} are not implemented by genrec's {family} import",
             "remove them if they do not change the forward pass; otherwise genrec cannot import it",
         )
+    if raw.get("use_mrope"):
+        raise _refuse(where, "use_mrope (multimodal rope) is set", "import a text-only model")
     if raw.get("quantization_config") is not None:
         raise _refuse(where, "quantized weights (`quantization_config`)", "import an unquantized checkpoint")
     if raw.get("hidden_act", "silu") != "silu":
