@@ -301,6 +301,26 @@ def test_published_configs_map_without_refusals(name):
         assert cfg.qk_norm and cfg.head_dim == 128 and cfg.dim == 1024
 
 
+@pytest.mark.parametrize("family", ["qwen3", "llama"])
+def test_beam_and_xgr_agree_on_an_imported_gqa_model(checkpoints, family):
+    """The cache-driving decoders run on imported GQA models (xGR's lent per-beam storage has the
+    key/value heads); xgr's in-place reorder gives beam's top-K."""
+    from genrec.workloads.decoding.base import DecoderContext, get_decoder, make_params
+    from genrec.workloads.sid_codec import SIDCodec
+
+    codec = SIDCodec((4, 5, 3))
+    assert codec.vocab_size <= VOCAB
+    rng = np.random.default_rng(6)
+    codes = codec.keys_to_codes(rng.choice(codec.num_sids, 30, replace=False))
+    ctx = DecoderContext(checkpoints[family][2], codec, codes, 4)
+    hist = [[1, 2], [3], [4, 5, 6]]
+    out = {}
+    for name in ("beam", "xgr"):
+        dec = get_decoder(name)
+        out[name] = dec.decode(ctx, hist, make_params(dec, {"beam_width": 8, "k": 4}))
+    assert np.array_equal(np.asarray(out["beam"].codes), np.asarray(out["xgr"].codes))
+
+
 # --- bad input --------------------------------------------------------------------------------------
 def copy_folder(checkpoints, family, tmp_path):
     dst = tmp_path / family

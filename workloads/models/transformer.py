@@ -269,5 +269,10 @@ class GRTransformer(nn.Module):
         out = self.extend(tokens[:, None], cache, None, attention)
         return StepOutput(out.logits[:, 0], out.hidden[:, 0])
 
+    def kv_cache_shape(self, rows: int, steps: int) -> tuple[int, int, int, int]:
+        """Shape of one layer's per-beam K (or V) storage: [rows, n_kv_heads, steps, head_dim] (what
+        `KVCache.expand` allocates and a decoder lending preallocated storage must match)."""
+        return (rows, self.config.n_kv_heads, steps, self.config.head_dim)
+
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
