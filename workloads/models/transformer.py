@@ -19,6 +19,11 @@ The cache layout (the prompt stored once per user, the indexed reorder) is descr
 Prompts are left-padded: `mask` marks real tokens and positions count real tokens only, so rows
 of different lengths decode in lock step.
 
+Imported Hugging Face Llama / Mistral / Qwen2 / Qwen3 checkpoints (hf_import.py) run in this same
+model: their config adds grouped-query attention (the cache holds n_kv_heads heads), q/k/v/o biases,
+per-head q/k RMSNorm, a tied head and the llama3 RoPE scaling (model_config.py); bf16/fp16 weights keep
+their dtype, with attention scores and softmax in fp32.
+
 Modules: model_config.py (ModelConfig, sizes), transformer_blocks.py (RMSNorm, RoPE, Attention, MLP,
 Block), kv_cache.py (KVCache); their names stay importable from here.
 """
