@@ -10,11 +10,16 @@ signature and register under a name; the model and the decoders pick one by that
 
 Shapes (rows are grouped by user: row b * W + j is beam j of user b):
     q            [B*W, H, n, hd]   queries of the n new tokens of every beam
-    prefix_k/v   [B, H, S, hd]     the prompt cache, one copy per user
+    prefix_k/v   [B, Hkv, S, hd]   the prompt cache, one copy per user
     prefix_mask  [B, S] bool       real (non-pad) prompt positions
-    beam_k/v     [B*W, H, T, hd]   per-beam cache; [0, beam_len) = earlier steps (all visible),
+    beam_k/v     [B*W, Hkv, T, hd] per-beam cache; [0, beam_len) = earlier steps (all visible),
                                     [beam_len, beam_len + n) = the new block (already written)
     tree_mask    [B*W, n, n] bool  query i may see new token j (None: causal)
+
+Grouped-query attention: Hkv divides H and query head h reads key/value head h // (H / Hkv) (the
+Llama / Qwen layout). Each stage stacks a key/value head's query heads into the query-row dimension,
+so a key is read once per key/value head, not once per query head. Half-precision inputs are
+computed in fp32 (scores, softmax, merge) and the output cast back.
 """
 
 from __future__ import annotations
@@ -61,28 +66,36 @@ def prefix_stage(q: Tensor, prefix_k: Tensor, prefix_v: Tensor, prefix_mask: Ten
 
     q is pre-scaled by 1/sqrt(hd). Returns (output [B*W, H, n, hd], lse [B*W, H, n])."""
     rows, h, n, hd = q.shape
-    b = prefix_k.shape[0]
-    w = rows // b
-    qg = q.view(b, w, h, n, hd).transpose(1, 2).reshape(b, h, w * n, hd)
+    b, hkv = prefix_k.shape[:2]
+    w, g = rows // b, h // hkv
+    # a user's query rows per key/value head: (beam, query head of the group, token)
+    qg = q.view(b, w, hkv, g, n, hd).permute(0, 2, 1, 3, 4, 5).reshape(b, hkv, w * g * n, hd)
     bias = torch.zeros(b, 1, 1, prefix_mask.shape[1], dtype=q.dtype, device=q.device)
     bias.masked_fill_(~prefix_mask[:, None, None, :], NEG_INF)
-    out, lse = attend_with_lse(qg, prefix_k, prefix_v, bias)  # [B, H, W*n, hd], [B, H, W*n]
-    out = out.view(b, h, w, n, hd).transpose(1, 2).reshape(rows, h, n, hd)
-    return out, lse.view(b, h, w, n).transpose(1, 2).reshape(rows, h, n)
+    out, lse = attend_with_lse(qg, prefix_k, prefix_v, bias)  # [B, Hkv, W*g*n, hd], [B, Hkv, W*g*n]
+    out = out.view(b, hkv, w, g, n, hd).permute(0, 2, 1, 3, 4, 5).reshape(rows, h, n, hd)
+    return out, lse.view(b, hkv, w, g, n).permute(0, 2, 1, 3, 4).reshape(rows, h, n)
 
 
 def beam_stage(
     q: Tensor, beam_k: Tensor, beam_v: Tensor, beam_len: int, tree_mask: Tensor | None
 ) -> tuple[Tensor, Tensor]:
     """Unshared stage: each beam's (pre-scaled) queries against its earlier steps and visible new tokens."""
-    rows, _, n, _ = q.shape
+    rows, h, n, hd = q.shape
+    hkv = beam_k.shape[1]
+    g = h // hkv
     end = beam_len + n
     bias = None
     if n > 1 or tree_mask is not None:
         block = tree_mask if tree_mask is not None else causal_tree_mask(rows, n, q.device)
         bias = torch.zeros(rows, 1, n, end, dtype=q.dtype, device=q.device)
         bias[..., beam_len:].masked_fill_(~block[:, None], NEG_INF)  # new keys a query must not see
-    return attend_with_lse(q, beam_k[:, :, :end], beam_v[:, :, :end], bias)
+    if g == 1:
+        return attend_with_lse(q, beam_k[:, :, :end], beam_v[:, :, :end], bias)
+    # the group's query heads become query rows (head-major, token-minor), each seeing its token's keys
+    bias = None if bias is None else bias.repeat(1, 1, g, 1)
+    out, lse = attend_with_lse(q.reshape(rows, hkv, g * n, hd), beam_k[:, :, :end], beam_v[:, :, :end], bias)
+    return out.reshape(rows, h, n, hd), lse.reshape(rows, h, n)
 
 
 def merge_attention_states(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) -> Tensor:
@@ -105,7 +118,12 @@ def shared_prefix_attention_torch(
     beam_len: int,
     tree_mask: Tensor | None = None,
 ) -> Tensor:
-    """The reference: two stages, each (output, lse), merged. Output [B*W, H, n, hd]."""
+    """The reference: two stages, each (output, lse), merged. Output [B*W, H, n, hd] in q's dtype."""
+    if q.dtype != torch.float32:  # half-precision caches: scores, softmax and merge in fp32
+        kv = (prefix_k, prefix_v, beam_k, beam_v)
+        pk, pv, bk, bv = (t.float() for t in kv)
+        out = shared_prefix_attention_torch(q.float(), pk, pv, prefix_mask, bk, bv, beam_len, tree_mask)
+        return out.to(q.dtype)
     q = q * (1.0 / math.sqrt(q.shape[-1]))  # scale the few queries, not the many scores
     out_p, lse_p = prefix_stage(q, prefix_k, prefix_v, prefix_mask)
     out_b, lse_b = beam_stage(q, beam_k, beam_v, beam_len, tree_mask)
@@ -142,7 +160,10 @@ def get_attention_backend(name: str) -> AttentionFn:
 
 
 def plain_attention(q: Tensor, k: Tensor, v: Tensor, visible: Tensor) -> Tensor:
-    """Softmax attention over one key set with a bool visibility mask [R, n, S] (the test oracle)."""
+    """Softmax attention over one key set with a bool visibility mask [R, n, S] (the test oracle);
+    k/v may have fewer (key/value) heads than q, each serving consecutive query heads."""
+    groups = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
     scores = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
     scores = scores.masked_fill(~visible[:, None], NEG_INF)
     return torch.softmax(scores.float(), dim=-1).to(v.dtype) @ v

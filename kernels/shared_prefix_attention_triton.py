@@ -3,15 +3,16 @@
 Same signature and result as `shared_prefix_attention.shared_prefix_attention_torch` (shapes in that
 module's docstring), computed in three small kernels, each with a thin wrapper (FlashInfer's split):
 
-- `prefix_stage`: one program per (user, head, block of BLOCK_M query rows), where a user's query rows
-  are its W beams x n new tokens stacked as the M dimension. The program streams the user's prompt
+- `prefix_stage`: one program per (user, key/value head, block of BLOCK_M query rows), where a user's
+  query rows are its W beams x the head's query heads (grouped-query attention; one for plain
+  multi-head attention) x n new tokens stacked as the M dimension. The program streams the user's prompt
   K/V in BLOCK_N tiles with an online softmax, so the prompt is read once per user and head (per M
   block), never once per beam as over a per-beam-copied cache. Tiles wholly inside a user's left
   padding are skipped, padded positions in a tile masked. Returns (output, log-sum-exp).
-- `beam_stage`: one program per (beam row, head): the row's n queries against its `beam_len` earlier
-  steps (all visible) and the new block (visible through the tree mask; causal when None). With
-  `beam_rows` [R, T] (the indexed cache of xGR's in-place reorder) step t of row r is loaded from row
-  beam_rows[r, t]: the gather happens in the load, no reordered copy is ever written.
+- `beam_stage`: one program per (beam row, key/value head): the row's query heads x n queries against
+  its `beam_len` earlier steps (all visible) and the new block (visible through the tree mask; causal
+  when None). With `beam_rows` [R, T] (the indexed cache of xGR's in-place reorder) step t of row r
+  is loaded from row beam_rows[r, t]: the gather happens in the load, no reordered copy is written.
 - `merge_states`: the online-softmax merge of the two (output, lse) pairs (torch reference:
   `merge_attention_states`).
 
@@ -80,6 +81,7 @@ def _prefix_stage_kernel(
     o_ptr,
     lse_ptr,
     heads,
+    groups,
     beams,
     n_new,
     seq,
@@ -100,22 +102,23 @@ def _prefix_stage_kernel(
     BLOCK_D: tl.constexpr,
 ):
     b = tl.program_id(0)
-    h = tl.program_id(1)
-    m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)  # the user's query rows: beam j, token i
-    m_ok = m < beams * n_new
-    row = (b * beams + m // n_new).to(tl.int64)
+    kvh = tl.program_id(1)  # key/value head; its `groups` query heads share every key tile
+    m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)  # query rows: beam j, group head, token i
+    m_ok = m < beams * groups * n_new
+    row = (b * beams + m // (groups * n_new)).to(tl.int64)
+    h = kvh * groups + (m // n_new) % groups
     i = m % n_new
     d = tl.arange(0, BLOCK_D)
     d_ok = d < head_dim
-    q_off = row[:, None] * sq_r + h * sq_h + i[:, None] * sq_i + d[None, :]
+    q_off = row[:, None] * sq_r + h[:, None] * sq_h + i[:, None] * sq_i + d[None, :]
     q = tl.load(q_ptr + q_off, mask=m_ok[:, None] & d_ok[None, :], other=0.0)
     q = (q * scale).to(q.dtype)  # scale the queries once, in log2 units for exp2
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    k_base = k_ptr + b.to(tl.int64) * sk_b + h * sk_h
-    v_base = v_ptr + b.to(tl.int64) * sv_b + h * sv_h
+    k_base = k_ptr + b.to(tl.int64) * sk_b + kvh * sk_h
+    v_base = v_ptr + b.to(tl.int64) * sv_b + kvh * sv_h
     # tiles wholly inside the user's left padding are skipped; the key loops are `while` loops because
     # the interpreter (CI) cannot run a `for` over a runtime bound with numpy 2 (1-element arrays)
     s0 = (tl.load(first_ptr + b) // BLOCK_N) * BLOCK_N
@@ -144,6 +147,7 @@ def _beam_stage_kernel(
     o_ptr,
     lse_ptr,
     heads,
+    groups,
     n_new,
     beam_len,
     head_dim,
@@ -168,12 +172,14 @@ def _beam_stage_kernel(
     BLOCK_D: tl.constexpr,
 ):
     r = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1)
-    i = tl.arange(0, BLOCK_M)
-    i_ok = i < n_new
+    kvh = tl.program_id(1)  # key/value head; query rows are its `groups` query heads x n tokens
+    m = tl.arange(0, BLOCK_M)
+    i_ok = m < groups * n_new
+    h = kvh * groups + m // n_new
+    i = m % n_new
     d = tl.arange(0, BLOCK_D)
     d_ok = d < head_dim
-    q_off = r * sq_r + h * sq_h + i[:, None] * sq_i + d[None, :]
+    q_off = r * sq_r + h[:, None] * sq_h + i[:, None] * sq_i + d[None, :]
     q = tl.load(q_ptr + q_off, mask=i_ok[:, None] & d_ok[None, :], other=0.0)
     q = (q * scale).to(q.dtype)
 
@@ -191,7 +197,7 @@ def _beam_stage_kernel(
             src = tl.zeros([BLOCK_N], tl.int64) + r
         kv_mask = t_ok[:, None] & d_ok[None, :]
         k = tl.load(
-            k_ptr + src[:, None] * sk_r + h * sk_h + t[:, None] * sk_t + d[None, :], mask=kv_mask, other=0.0
+            k_ptr + src[:, None] * sk_r + kvh * sk_h + t[:, None] * sk_t + d[None, :], mask=kv_mask, other=0.0
         )
         qk = _scores(q, k, USE_DOT)
         j = t - beam_len  # position in the new block (< 0: an earlier step, always visible)
@@ -204,7 +210,7 @@ def _beam_stage_kernel(
         visible = ((j < 0) & t_ok)[None, :] | (is_new[None, :] & sees)
         qk = tl.where(visible, qk, float("-inf"))
         v = tl.load(
-            v_ptr + src[:, None] * sv_r + h * sv_h + t[:, None] * sv_t + d[None, :], mask=kv_mask, other=0.0
+            v_ptr + src[:, None] * sv_r + kvh * sv_h + t[:, None] * sv_t + d[None, :], mask=kv_mask, other=0.0
         )
         m_i, l_i, acc = _online_update(m_i, l_i, acc, qk, v, USE_DOT)
         t0 += BLOCK_N
@@ -250,22 +256,23 @@ def prefix_stage(
 ) -> tuple[Tensor, Tensor]:
     """Shared stage: every beam's (unscaled) queries against its user's prompt.
 
-    q [B*W, H, n, hd], prefix_k/v [B, H, S, hd], prefix_mask [B, S] bool (every user has a real key).
+    q [B*W, H, n, hd], prefix_k/v [B, Hkv, S, hd] (Hkv divides H: grouped-query attention, query head
+    h reads key/value head h // (H / Hkv)), prefix_mask [B, S] bool (every user has a real key).
     Returns (output [B*W, H, n, hd] in q's dtype, lse [B*W, H, n] fp32), as the torch `prefix_stage`
     over q / sqrt(hd)."""
     q, prefix_k, prefix_v = _last_dim_unit(q), _last_dim_unit(prefix_k), _last_dim_unit(prefix_v)
     rows, h, n, hd = q.shape
-    b, _, s, _ = prefix_k.shape
-    w = rows // b
+    b, hkv, s, _ = prefix_k.shape
+    w, g = rows // b, h // hkv
     mask = prefix_mask.contiguous().view(torch.uint8)
     first = mask.argmax(dim=1).to(torch.int32)  # each user's first real position (left padding)
     out, lse = _stage_outputs(q)
-    bm = min(block_m, max(16, triton.next_power_of_2(w * n)))
+    bm = min(block_m, max(16, triton.next_power_of_2(w * g * n)))
     bn = min(block_n, max(16, triton.next_power_of_2(s)))
-    grid = (b, h, triton.cdiv(w * n, bm))
+    grid = (b, hkv, triton.cdiv(w * g * n, bm))
     _prefix_stage_kernel[grid](
         q, prefix_k, prefix_v, mask, first, out, lse,
-        h, w, n, s, hd, LOG2E / math.sqrt(hd),
+        h, g, w, n, s, hd, LOG2E / math.sqrt(hd),
         q.stride(0), q.stride(1), q.stride(2),
         prefix_k.stride(0), prefix_k.stride(1), prefix_k.stride(2),
         prefix_v.stride(0), prefix_v.stride(1), prefix_v.stride(2),
@@ -286,11 +293,13 @@ def beam_stage(
 ) -> tuple[Tensor, Tensor]:
     """Unshared stage: each beam's (unscaled) queries against its earlier steps and visible new tokens.
 
-    beam_k/v [R, H, T, hd] with steps [0, beam_len + n) written; tree_mask [R, n, n] bool or None
+    beam_k/v [R, Hkv, T, hd] with steps [0, beam_len + n) written; tree_mask [R, n, n] bool or None
     (causal); beam_rows [R, >= beam_len + n] integer: step t of row r is read from row beam_rows[r, t]
     (None: row r). Returns (output [R, H, n, hd], lse [R, H, n] fp32)."""
     q, beam_k, beam_v = _last_dim_unit(q), _last_dim_unit(beam_k), _last_dim_unit(beam_v)
     rows, h, n, hd = q.shape
+    hkv = beam_k.shape[1]
+    g = h // hkv
     if beam_len + n > beam_k.shape[2]:
         raise ValueError(f"beam cache holds {beam_k.shape[2]} steps, not beam_len + n = {beam_len + n}")
     out, lse = _stage_outputs(q)
@@ -298,14 +307,14 @@ def beam_stage(
     if tree is not None and tree.stride(-1) != 1:
         tree = tree.contiguous()
     table = _last_dim_unit(beam_rows) if beam_rows is not None else None
-    bm = triton.next_power_of_2(n)
-    use_dot = bm >= 16  # a draft tree's block; a decode step (n = 1) uses the broadcast product
+    bm = triton.next_power_of_2(g * n)
+    use_dot = bm >= 16  # a draft tree's block (or a wide GQA group); else the broadcast product
     bn = block_n if use_dot else min(block_n, max(2, triton.next_power_of_2(beam_len + n)))
-    _beam_stage_kernel[(rows, h)](
+    _beam_stage_kernel[(rows, hkv)](
         q, beam_k, beam_v,
         table if table is not None else q, tree if tree is not None else q,  # dummies when absent
         out, lse,
-        h, n, beam_len, hd, LOG2E / math.sqrt(hd),
+        h, g, n, beam_len, hd, LOG2E / math.sqrt(hd),
         q.stride(0), q.stride(1), q.stride(2),
         beam_k.stride(0), beam_k.stride(1), beam_k.stride(2),
         beam_v.stride(0), beam_v.stride(1), beam_v.stride(2),

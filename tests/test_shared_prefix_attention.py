@@ -11,10 +11,11 @@ from hypothesis import strategies as st
 from genrec.kernels import shared_prefix_attention as spa
 
 
-def random_case(seed, b, w, h, s, t, n, hd=8, tree=True):
+def random_case(seed, b, w, h, s, t, n, hd=8, tree=True, groups=1):
+    """A random staged-attention input; h key/value heads, h * groups query heads (GQA when > 1)."""
     g = torch.Generator().manual_seed(seed)
     rows = b * w
-    q = torch.randn(rows, h, n, hd, generator=g)
+    q = torch.randn(rows, h * groups, n, hd, generator=g)
     pk, pv = torch.randn(b, h, s, hd, generator=g), torch.randn(b, h, s, hd, generator=g)
     lens = torch.randint(1, s + 1, (b,), generator=g)
     pmask = torch.arange(s)[None, :] >= (s - lens)[:, None]  # left-padded, last position real
@@ -58,9 +59,10 @@ def plain_reference(q, pk, pv, pmask, bk, bv, t, mask):
     n=st.integers(1, 4),
     tree=st.booleans(),
     seed=st.integers(0, 10_000),
+    groups=st.sampled_from([1, 1, 2, 3]),
 )
-def test_staged_attention_equals_plain_attention(fused, b, w, h, s, t, n, tree, seed):
-    case = random_case(seed, b, w, h, s, t, n, tree=tree)
+def test_staged_attention_equals_plain_attention(fused, b, w, h, s, t, n, tree, seed, groups):
+    case = random_case(seed, b, w, h, s, t, n, tree=tree, groups=groups)
     # fused=False: the matmul form, which the GPU machine runs (and the reference for the fused op)
     with mock.patch.object(spa, "_CPU_FUSED", spa._CPU_FUSED if fused else None):
         got = spa.shared_prefix_attention_torch(*case)
@@ -83,3 +85,15 @@ def test_backends_are_chosen_by_name():
     assert "torch" in spa.ATTENTION_BACKENDS
     with pytest.raises(ValueError, match="unknown attention backend"):
         spa.get_attention_backend("nope")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_inputs_are_computed_in_fp32(dtype):
+    """Half-precision caches (imported bf16/fp16 checkpoints): the result is the fp32 computation on
+    the same (rounded) inputs, cast back, and GQA included."""
+    case = random_case(5, 2, 3, 2, 6, 2, 3, groups=2)
+    low = tuple(x.to(dtype) if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in case)
+    up = tuple(x.float() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in low)
+    got = spa.shared_prefix_attention_torch(*low)
+    assert got.dtype == dtype
+    torch.testing.assert_close(got, spa.shared_prefix_attention_torch(*up).to(dtype), atol=0, rtol=0)

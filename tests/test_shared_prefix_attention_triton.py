@@ -50,22 +50,26 @@ def check_case(case):
     n=st.integers(1, 4),
     tree=st.booleans(),
     seed=st.integers(0, 10_000),
+    groups=st.sampled_from([1, 2, 3]),
 )
-def test_triton_equals_torch_and_plain_attention(b, w, h, s, t, n, tree, seed):
-    check_case(random_case(seed, b, w, h, s, t, n, tree=tree))
+def test_triton_equals_torch_and_plain_attention(b, w, h, s, t, n, tree, seed, groups):
+    """groups > 1: grouped-query attention (h key/value heads, h * groups query heads)."""
+    check_case(random_case(seed, b, w, h, s, t, n, tree=tree, groups=groups))
 
 
 @pytest.mark.parametrize(
-    "b, w, h, s, t, n, hd",
+    "b, w, h, s, t, n, hd, groups",
     [
-        (1, 512, 1, 5, 3, 1, 2),  # BW = 512: the shared stage's M dimension spans 8 program blocks
-        (2, 3, 2, 70, 2, 1, 8),  # a prompt longer than one key tile, ragged across users
-        (2, 2, 1, 6, 1, 17, 4),  # a block of 17 tokens: the unshared stage's tl.dot path
-        (1, 2, 2, 4, 20, 2, 6),  # 22 decoded keys: two key tiles in the unshared stage; hd not 2^k
+        (1, 512, 1, 5, 3, 1, 2, 1),  # BW = 512: the shared stage's M dimension spans 8 program blocks
+        (2, 3, 2, 70, 2, 1, 8, 1),  # a prompt longer than one key tile, ragged across users
+        (2, 2, 1, 6, 1, 17, 4, 1),  # a block of 17 tokens: the unshared stage's tl.dot path
+        (1, 2, 2, 4, 20, 2, 6, 1),  # 22 decoded keys: two key tiles in the unshared stage; hd not 2^k
+        (1, 40, 2, 5, 2, 1, 4, 4),  # GQA, 4 query heads per key head: W * g = 160 rows, 3 M blocks
+        (2, 2, 1, 6, 1, 5, 4, 4),  # GQA block: g * n = 20 query rows take the unshared stage's tl.dot
     ],
 )
-def test_triton_explicit_shapes(b, w, h, s, t, n, hd):
-    check_case(random_case(7, b, w, h, s, t, n, hd=hd, tree=n > 1))
+def test_triton_explicit_shapes(b, w, h, s, t, n, hd, groups):
+    check_case(random_case(7, b, w, h, s, t, n, hd=hd, tree=n > 1, groups=groups))
 
 
 def test_stages_return_the_torch_stages_output_and_lse():
@@ -91,11 +95,12 @@ def test_stages_return_the_torch_stages_output_and_lse():
     t=st.integers(1, 4),
     n=st.integers(1, 3),
     seed=st.integers(0, 999),
+    groups=st.sampled_from([1, 2]),
 )
-def test_beam_rows_table_reads_the_gathered_steps(b, w, t, n, seed):
+def test_beam_rows_table_reads_the_gathered_steps(b, w, t, n, seed, groups):
     """The indexed cache: step j of row r read from row beam_rows[r, j] equals attention over a cache
     into which those steps were copied."""
-    q, pk, pv, pmask, bk, bv, _, mask = random_case(seed, b, w, 2, 5, t, n, tree=n > 1)
+    q, pk, pv, pmask, bk, bv, _, mask = random_case(seed, b, w, 2, 5, t, n, tree=n > 1, groups=groups)
     g = torch.Generator().manual_seed(seed)
     rows = b * w
     table = torch.randint(0, rows, (rows, bk.shape[2]), generator=g)
@@ -114,11 +119,13 @@ def test_backend_is_registered_by_name():
     assert backend is tri.shared_prefix_attention and backend.reads_beam_rows
 
 
+@pytest.mark.parametrize("gqa", [False, True], ids=["mha", "gqa"])
 @pytest.mark.parametrize("indexed", [False, True], ids=["copying", "indexed"])
-def test_model_decodes_the_same_with_either_backend(indexed):
-    """Cached steps with reorders and a tree-masked block: the triton backend gives the torch logits."""
+def test_model_decodes_the_same_with_either_backend(indexed, gqa):
+    """Cached steps with reorders and a tree-masked block: the triton backend gives the torch logits
+    (gqa: 2 key/value heads for 4 query heads, with Qwen3's q/k norm)."""
     rng = np.random.default_rng(0)
-    model = make_model(seed=1).to(DEVICE)
+    model = make_model(seed=1, **(dict(n_kv_heads=2, qk_norm=True) if gqa else {})).to(DEVICE)
     prompt, pmask = random_prompts(rng, 2, VOCAB, 6)
     pre = model.prefill(prompt.to(DEVICE), pmask.to(DEVICE))
     beams = 3

@@ -137,7 +137,7 @@ def reorder_point(model: GRTransformer, prompt: KVCache, beams: int, levels: int
     row["step_speedup"] = row["copy_step_us"] / row["index_step_us"]
     rows = prompt.batch * beams
     elem = prompt.prefix_k[0].element_size()
-    row.update(reorder_bytes(rows, cfg.n_heads, cfg.head_dim, cfg.n_layers, steps, elem))
+    row.update(reorder_bytes(rows, cfg.n_kv_heads, cfg.head_dim, cfg.n_layers, steps, elem))
     return row
 
 

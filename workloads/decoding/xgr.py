@@ -58,7 +58,7 @@ class XgrParams(BeamParams):
 class DecodeBuffers:
     """Everything one request of a (batch, BW, model) shape writes besides the prompt cache."""
 
-    beam_k: list[Tensor]  # per layer [B*W, H, L-1, hd]
+    beam_k: list[Tensor]  # per layer [B*W, Hkv, L-1, hd]
     beam_v: list[Tensor]
     beam_rows: Tensor  # [B*W, L-1] the indexed layout's row table
     select: SelectBuffers = field(repr=False)
@@ -67,7 +67,7 @@ class DecodeBuffers:
     def build(model: GRTransformer, batch: int, beam_width: int, levels: int) -> DecodeBuffers:
         cfg, p = model.config, model.embed_tokens.weight
         rows, steps = batch * beam_width, levels - 1
-        shape = (rows, cfg.n_heads, steps, cfg.head_dim)
+        shape = model.kv_cache_shape(rows, steps)  # key/value heads (fewer than query heads with GQA)
         return DecodeBuffers(
             [p.new_empty(shape) for _ in range(cfg.n_layers)],
             [p.new_empty(shape) for _ in range(cfg.n_layers)],

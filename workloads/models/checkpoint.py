@@ -52,7 +52,7 @@ def save_checkpoint(out: str | os.PathLike, ckpt: Checkpoint) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_sibling_dir(out)  # removes what a killed earlier writer of `out` left behind
     try:
-        state = {k: v.detach().contiguous().cpu() for k, v in ckpt.model.state_dict().items()}
+        state = model_tensors(ckpt.model)
         head = ckpt.head
         if head is not None:  # a draft head (NEZHA, MTP): its tensors under a prefix, same file
             state.update(head_state_dict(head))
@@ -72,6 +72,21 @@ def save_checkpoint(out: str | os.PathLike, ckpt: Checkpoint) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def model_tensors(model: GRTransformer) -> dict[str, torch.Tensor]:
+    """The state dict to store: contiguous CPU tensors; a tied LM head is stored once, as the embedding
+    (safetensors refuses two names for one storage)."""
+    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    if model.config.tie_embeddings:
+        del state["lm_head.weight"]
+    return state
+
+
+def weights_dtype(state: dict[str, torch.Tensor]) -> torch.dtype:
+    """The floating dtype the weights share (fp32 when mixed or none)."""
+    dtypes = {t.dtype for t in state.values() if t.is_floating_point()}
+    return dtypes.pop() if len(dtypes) == 1 else torch.float32
 
 
 def update_checkpoint_meta(path: str | os.PathLike, updates: dict) -> Path:
@@ -111,7 +126,11 @@ def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu")
         )
     state, head_state = split_head_tensors(read_weights(weights))
     model = _build(cfg_path, "model", GRTransformer, model_cfg)
+    if model_cfg.tie_embeddings and "embed_tokens.weight" in state:  # stored once (see model_tensors)
+        state.setdefault("lm_head.weight", state["embed_tokens.weight"])
+    model.to(weights_dtype(state))  # bf16/fp16 weights (imported checkpoints) stay in their dtype
     _load_state(model, state, weights, cfg_path)
+    model.tie_weights()
     model.to(device).eval()
     head = None
     if head_cfg is not None:

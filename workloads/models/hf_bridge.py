@@ -2,7 +2,8 @@
 
 The weights share the Llama layout, so the bridge only renames the top-level keys (our
 `embed_tokens`, `layers.N`, `norm` live under HF's `model.` prefix; `lm_head` stays) and builds
-the equivalent `LlamaConfig` (no biases, untied head, MHA, default RoPE with the same theta).
+the equivalent `LlamaConfig` (for our own models: no biases, untied head, MHA, default RoPE with the
+same theta; imported Llama-layout models keep their GQA, biases, tie and llama3 rope).
 
 Semantic-ID beam search in HF is `generate(num_beams=W)` with `SIDLevelLogitsProcessor`, which
 keeps only the tokens of SID level s at generation step s. HF beam search applies logits
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from genrec.workloads.errors import UserInputError
-from genrec.workloads.models.transformer import GRTransformer
+from genrec.workloads.models.transformer import GRTransformer, ModelConfig
 from genrec.workloads.sid_codec import BOS, PAD, SIDCodec
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -47,25 +48,48 @@ def hf_state_dict(model: GRTransformer) -> dict[str, torch.Tensor]:
     return out
 
 
-def to_hf_llama(model: GRTransformer, attn_implementation: str = DEFAULT_ATTN) -> LlamaForCausalLM:
-    """An equivalent `LlamaForCausalLM` on the same device and dtype, weights copied, eval mode."""
-    tf = _transformers()
-    cfg = model.config
-    hf_cfg = tf.LlamaConfig(
+def llama_config_kwargs(cfg: ModelConfig) -> dict:
+    """LlamaConfig arguments equivalent to our config; what Llama cannot express is refused.
+
+    Grouped-query attention, an explicit head size, q/k/v/o biases (together: Llama's
+    `attention_bias`), MLP biases, tied embeddings and the llama3 rope scaling all map; a per-head
+    q/k norm (Qwen3) or q/k/v biases without an output bias (Qwen2) are other families."""
+    if cfg.qk_norm or cfg.qkv_bias != cfg.o_bias:
+        raise UserInputError(
+            "this model has a q/k norm or q/k/v biases without an output bias (Qwen3/Qwen2 layout), "
+            "which LlamaForCausalLM cannot express; compare it against its original Hugging Face folder"
+        )
+    rope = {"rope_type": cfg.rope_type, "rope_theta": cfg.rope_theta}
+    if cfg.rope_type == "llama3":
+        rope |= {
+            "factor": cfg.rope_factor,
+            "low_freq_factor": cfg.rope_low_freq_factor,
+            "high_freq_factor": cfg.rope_high_freq_factor,
+            "original_max_position_embeddings": cfg.rope_original_max_len,
+        }
+    return dict(
         vocab_size=cfg.vocab_size,
         hidden_size=cfg.dim,
         intermediate_size=cfg.hidden_dim,
         num_hidden_layers=cfg.n_layers,
         num_attention_heads=cfg.n_heads,
-        num_key_value_heads=cfg.n_heads,
+        num_key_value_heads=cfg.n_kv_heads,
         head_dim=cfg.head_dim,
         hidden_act="silu",
         max_position_embeddings=cfg.max_seq_len,
         rms_norm_eps=cfg.norm_eps,
-        rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta},
-        tie_word_embeddings=False,
-        attention_bias=False,
-        mlp_bias=False,
+        rope_parameters=rope,
+        tie_word_embeddings=cfg.tie_embeddings,
+        attention_bias=cfg.qkv_bias,
+        mlp_bias=cfg.mlp_bias,
+    )
+
+
+def to_hf_llama(model: GRTransformer, attn_implementation: str = DEFAULT_ATTN) -> LlamaForCausalLM:
+    """An equivalent `LlamaForCausalLM` on the same device and dtype, weights copied, eval mode."""
+    tf = _transformers()
+    hf_cfg = tf.LlamaConfig(
+        **llama_config_kwargs(model.config),
         attention_dropout=0.0,
         pad_token_id=PAD,
         bos_token_id=BOS,

@@ -23,10 +23,10 @@ from torch import Tensor
 class KVCache:
     """Prompt cache shared by a user's beams + a per-beam cache of decoded steps.
 
-    prefix_k/v[layer]: [B, H, S, hd]      one copy per user
+    prefix_k/v[layer]: [B, Hkv, S, hd]    one copy per user (Hkv: key/value heads, GQA)
     prefix_mask:       [B, S] bool        real (non-pad) prompt tokens
     prefix_len:        [B] long           real prompt tokens = position of the first decoded token
-    beam_k/v[layer]:   [B*W, H, T, hd]    T = capacity in decoded steps; row b*W + j is beam j of user b
+    beam_k/v[layer]:   [B*W, Hkv, T, hd]  T = capacity in decoded steps; row b*W + j is beam j of user b
     beam_rows:         [B*W, T] long      indexed layout only (None: copying layout): decoded step t of
                                           row r lives in storage row beam_rows[r, t], at slot t
     """

@@ -19,6 +19,11 @@ The cache layout (the prompt stored once per user, the indexed reorder) is descr
 Prompts are left-padded: `mask` marks real tokens and positions count real tokens only, so rows
 of different lengths decode in lock step.
 
+Imported Hugging Face Llama / Mistral / Qwen2 / Qwen3 checkpoints (hf_import.py) run in this same
+model: their config adds grouped-query attention (the cache holds n_kv_heads heads), q/k/v/o biases,
+per-head q/k RMSNorm, a tied head and the llama3 RoPE scaling (model_config.py); bf16/fp16 weights keep
+their dtype, with attention scores and softmax in fp32.
+
 Modules: model_config.py (ModelConfig, sizes), transformer_blocks.py (RMSNorm, RoPE, Attention, MLP,
 Block), kv_cache.py (KVCache); their names stay importable from here.
 """
@@ -40,6 +45,7 @@ from genrec.workloads.models.transformer_blocks import (
     Block,
     RMSNorm,
     apply_rope,
+    config_inv_freq,
     rope_cos_sin,
 )
 
@@ -132,6 +138,19 @@ class GRTransformer(nn.Module):
         for block in self.layers:  # scale residual outputs by depth (GPT-2 style) for stable training
             for lin in (block.self_attn.o_proj, block.mlp.down_proj):
                 nn.init.normal_(lin.weight, std=0.02 / math.sqrt(2 * cfg.n_layers))
+        if cfg.tie_embeddings:
+            self.tie_weights()
+
+    def tie_weights(self) -> None:
+        """With `tie_embeddings` the LM head is the embedding matrix (one parameter, two names)."""
+        if self.config.tie_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    def rope(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """RoPE cos/sin tables [..., head_dim] for integer positions, with the config's scaling."""
+        cfg = self.config
+        inv_freq = None if cfg.rope_type == "default" else config_inv_freq(cfg, positions.device)
+        return rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, inv_freq)
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
@@ -178,7 +197,7 @@ class GRTransformer(nn.Module):
             raise ValueError(f"sequence of {s} tokens exceeds max_seq_len {self.config.max_seq_len}")
 
     def _run_full(self, tokens: Tensor, positions: Tensor, attn_mask: Tensor, keep_kv: bool):
-        cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta)
+        cos, sin = self.rope(positions)
         attn_mask = attn_mask[:, None]  # [B, 1, S, S]: one mask for every head
         x = self.embed_tokens(tokens)
         ks, vs = [], []
@@ -231,7 +250,7 @@ class GRTransformer(nn.Module):
         # positions, not block length, bound the sequence: a tree of n nodes may be far shallower than n
         deepest = n if tree_mask is None else int(depth.max()) + 1
         self._check_length(int(cache.prefix_mask.shape[1]) + cache.steps + deepest)
-        cos, sin = rope_cos_sin(pos, self.config.head_dim, self.config.rope_theta)
+        cos, sin = self.rope(pos)
         if cache.beam_rows is not None:  # the new block is written into each row's own storage
             t = cache.steps
             cache.beam_rows[:, t : t + n] = torch.arange(rows, device=tokens.device)[:, None]
@@ -254,6 +273,11 @@ class GRTransformer(nn.Module):
             raise ValueError("cache has no room for another step; call cache.expand(beams, max_steps) first")
         out = self.extend(tokens[:, None], cache, None, attention)
         return StepOutput(out.logits[:, 0], out.hidden[:, 0])
+
+    def kv_cache_shape(self, rows: int, steps: int) -> tuple[int, int, int, int]:
+        """Shape of one layer's per-beam K (or V) storage: [rows, n_kv_heads, steps, head_dim] (what
+        `KVCache.expand` allocates and a decoder lending preallocated storage must match)."""
+        return (rows, self.config.n_kv_heads, steps, self.config.head_dim)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

@@ -6,6 +6,8 @@ transformer.py.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -27,12 +29,40 @@ class RMSNorm(nn.Module):
         return self.weight * xf.to(x.dtype)
 
 
-def rope_cos_sin(positions: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
-    """cos/sin tables [..., head_dim] for integer positions (half-split layout, as in Llama)."""
-    inv_freq = 1.0 / theta ** (
-        torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim
-    )
-    freqs = positions.float()[..., None] * inv_freq
+def rope_inv_freq(head_dim: int, theta: float, device: torch.device | None = None) -> Tensor:
+    """The RoPE inverse frequencies [head_dim / 2] in fp32: theta^(-2i / head_dim)."""
+    return 1.0 / theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
+
+
+def llama3_inv_freq(inv_freq: Tensor, cfg: ModelConfig) -> Tensor:
+    """Llama 3.1's frequency scaling: wavelengths longer than original_len / low_freq_factor are
+    stretched by `factor`, shorter than original_len / high_freq_factor kept, and the band between
+    interpolated linearly in original_len / wavelength."""
+    factor, low, high = cfg.rope_factor, cfg.rope_low_freq_factor, cfg.rope_high_freq_factor
+    original = cfg.rope_original_max_len
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > original / low, inv_freq / factor, inv_freq)
+    smooth = (original / wavelen - low) / (high - low)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    middle = (wavelen >= original / high) & (wavelen <= original / low)
+    return torch.where(middle, blended, scaled)
+
+
+def config_inv_freq(cfg: ModelConfig, device: torch.device | None = None) -> Tensor:
+    """The inverse frequencies a config's RoPE uses (theta, then its scaling type)."""
+    inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, device)
+    return llama3_inv_freq(inv_freq, cfg) if cfg.rope_type == "llama3" else inv_freq
+
+
+def rope_cos_sin(
+    positions: Tensor, head_dim: int, theta: float, inv_freq: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """cos/sin tables [..., head_dim] for integer positions (half-split layout, as in Llama).
+
+    `inv_freq` (config_inv_freq) overrides the plain theta^(-2i / head_dim) frequencies."""
+    if inv_freq is None:
+        inv_freq = rope_inv_freq(head_dim, theta, positions.device)
+    freqs = positions.float()[..., None] * inv_freq.to(positions.device)
     emb = torch.cat([freqs, freqs], dim=-1)
     return emb.cos(), emb.sin()
 
@@ -45,27 +75,39 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 class Attention(nn.Module):
+    """Self-attention with n_kv_heads <= n_heads key/value heads (grouped-query attention: query head
+    h reads key/value head h // (n_heads / n_kv_heads)); optional q/k/v and output biases and a
+    per-head q/k RMSNorm applied before RoPE (Qwen3)."""
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.n_heads, self.head_dim = cfg.n_heads, cfg.head_dim
-        self.q_proj = nn.Linear(cfg.dim, cfg.dim, bias=False)
-        self.k_proj = nn.Linear(cfg.dim, cfg.dim, bias=False)
-        self.v_proj = nn.Linear(cfg.dim, cfg.dim, bias=False)
-        self.o_proj = nn.Linear(cfg.dim, cfg.dim, bias=False)
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        q_out, kv_out = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+        self.q_proj = nn.Linear(cfg.dim, q_out, bias=cfg.qkv_bias)
+        self.k_proj = nn.Linear(cfg.dim, kv_out, bias=cfg.qkv_bias)
+        self.v_proj = nn.Linear(cfg.dim, kv_out, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(q_out, cfg.dim, bias=cfg.o_bias)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
+            self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
+        else:
+            self.q_norm = self.k_norm = None
 
     def _qkv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """q [B, H, S, hd], k/v [B, Hkv, S, hd] (RoPE applied to q and k)."""
         b, s, _ = x.shape
-        shape = (b, s, self.n_heads, self.head_dim)
-        q = self.q_proj(x).view(shape).transpose(1, 2)
-        k = self.k_proj(x).view(shape).transpose(1, 2)
-        v = self.v_proj(x).view(shape).transpose(1, 2)
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+        q = self.q_proj(x).view(b, s, self.n_heads, self.head_dim)
+        k = self.k_proj(x).view(b, s, self.n_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(b, s, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        return apply_rope(q.transpose(1, 2), cos, sin), apply_rope(k.transpose(1, 2), cos, sin), v
 
     def forward_full(
         self, x: Tensor, cos: Tensor, sin: Tensor, attn_mask: Tensor
     ) -> tuple[Tensor, Tensor, Tensor]:
         q, k, v = self._qkv(x, cos, sin)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+        out = full_attention(q, k, v, attn_mask)
         b, _, s, _ = out.shape
         return self.o_proj(out.transpose(1, 2).reshape(b, s, -1)), k, v
 
@@ -73,7 +115,7 @@ class Attention(nn.Module):
         self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache, layer: int, tree_mask, attention
     ) -> Tensor:
         """x [B*W, n, D]: write the block's K/V at steps..steps+n, attend through the backend."""
-        q, k, v = self._qkv(x, cos, sin)  # [N, H, n, hd]
+        q, k, v = self._qkv(x, cos, sin)  # q [N, H, n, hd], k/v [N, Hkv, n, hd]
         t, n = cache.steps, x.shape[1]
         cache.beam_k[layer][:, :, t : t + n] = k
         cache.beam_v[layer][:, :, t : t + n] = v
@@ -90,12 +132,28 @@ class Attention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(x.shape[0], n, -1))
 
 
+def full_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor) -> Tensor:
+    """Masked softmax attention, q [B, H, S, hd], k/v [B, Hkv, S, hd], mask [B, 1, S, S] bool.
+
+    fp32 (our own models) goes through SDPA as before. Half-precision weights (imported bf16/fp16
+    checkpoints) take scores, softmax and the value sum in fp32, so rounding does not depend on
+    the attention kernel; the result is cast back to q's dtype."""
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1:  # each key/value head serves `groups` consecutive query heads
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    if q.dtype == torch.float32:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+    scores = (q.float() @ k.float().transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
+    scores = scores.masked_fill(~attn_mask, float("-inf"))
+    return (torch.softmax(scores, dim=-1) @ v.float()).to(q.dtype)
+
+
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.dim, cfg.hidden_dim, bias=False)
-        self.up_proj = nn.Linear(cfg.dim, cfg.hidden_dim, bias=False)
-        self.down_proj = nn.Linear(cfg.hidden_dim, cfg.dim, bias=False)
+        self.gate_proj = nn.Linear(cfg.dim, cfg.hidden_dim, bias=cfg.mlp_bias)
+        self.up_proj = nn.Linear(cfg.dim, cfg.hidden_dim, bias=cfg.mlp_bias)
+        self.down_proj = nn.Linear(cfg.hidden_dim, cfg.dim, bias=cfg.mlp_bias)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
