@@ -137,7 +137,7 @@ def assert_same_slots(got, want) -> None:
     assert got.counters["missing"] == want.counters["missing"]
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=15, deadline=None)
 @given(
     sizes=st.lists(st.integers(2, 5), min_size=2, max_size=4),
     seed=st.integers(0, 10_000),
@@ -148,13 +148,14 @@ def assert_same_slots(got, want) -> None:
     batch=st.integers(1, 3),
     tree=st.booleans(),
     draft=st.sampled_from(["self", "other"]),
+    rule=st.sampled_from(["random", "uniform"]),  # uniform: SIDs of the space, some no item (invalid)
 )
 def test_strict_under_a_small_constraint_equals_beam_search_slot_for_slot(
-    sizes, seed, k, size, extra, gamma, batch, tree, draft
+    sizes, seed, k, size, extra, gamma, batch, tree, draft, rule
 ):
     ctx = make_ctx(tuple(sizes), seed, draft)
     hist = histories(ctx, seed, batch)
-    constraint = {"constraint": "random", "constraint_size": min(size, k - 1), "constraint_seed": seed}
+    constraint = {"constraint": rule, "constraint_size": min(size, k - 1), "constraint_seed": seed}
     beam, at = get_decoder("beam"), get_decoder("atspeed_strict")
     base = {"beam_width": k, "k": k, **constraint}
     want = beam.decode(ctx, hist, make_params(beam, base))
@@ -164,3 +165,29 @@ def test_strict_under_a_small_constraint_equals_beam_search_slot_for_slot(
     assert_same_slots(got, want)
     if draft == "self":  # the target's missing beams need no drafted match: every level is accepted
         assert all(v == 1.0 for v in acceptance(got.counters).values()), got.counters
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    sizes=st.lists(st.integers(2, 5), min_size=2, max_size=4),
+    seed=st.integers(0, 10_000),
+    k=st.integers(2, 6),
+    size=st.integers(1, 5),
+    extra=st.integers(0, 4),
+    gamma=st.integers(1, 3),
+    draft=st.sampled_from(["self", "other"]),
+    q_support=st.sampled_from(["decided", "drafted"]),
+)
+def test_relaxed_under_a_constraint_smaller_than_k_returns_every_sid_like_beam_search(
+    sizes, seed, k, size, extra, gamma, draft, q_support
+):
+    """With fewer valid SIDs than K every level keeps all its valid prefixes, so relaxed verification
+    (random as it is) must return exactly beam search's answer: every SID of the set, the rest missing."""
+    ctx = make_ctx(tuple(sizes), seed, draft)
+    hist = histories(ctx, seed, 2)
+    constraint = {"constraint": "random", "constraint_size": min(size, k - 1), "constraint_seed": seed}
+    beam, at = get_decoder("beam"), get_decoder("atspeed_relaxed")
+    base = {"beam_width": k, "k": k, **constraint}
+    want = beam.decode(ctx, hist, make_params(beam, base))
+    p = {**base, "draft_beams": k + extra, "gamma": gamma, "seed": seed, "q_support": q_support}
+    assert_same_slots(at.decode(ctx, hist, make_params(at, p)), want)
