@@ -256,3 +256,42 @@ def test_eval_ranks_each_user_by_the_most_recent_items(tmp_path):
     by_oldest = dec.decode(ctx, [ex.history[:3] for ex in examples], params).item_ids.tolist()
     assert out.ranked == by_recent
     assert out.ranked != by_oldest
+
+
+# --- the same window in training: every target's context is the items just before it ----------------------
+SEQUENCES = st.lists(st.lists(st.integers(0, 50), min_size=1, max_size=30), min_size=1, max_size=4)
+
+
+@settings(max_examples=100, deadline=None)
+@given(sequences=SEQUENCES, max_items=st.integers(1, 8))
+def test_head_examples_condition_on_the_items_just_before_each_target(sequences, max_items):
+    from genrec.workloads.training.nezha_objective import head_examples
+
+    want = [(list(seq[:t])[-max_items:], seq[t]) for seq in sequences for t in range(1, len(seq))]
+    assert head_examples(sequences, max_items) == want
+
+
+@settings(max_examples=100, deadline=None)
+@given(sequences=SEQUENCES, max_items=st.integers(1, 8))
+def test_training_windows_give_each_target_once_with_the_most_recent_context(sequences, max_items):
+    from genrec.workloads.models.inputs import training_windows
+
+    windows = training_windows(sequences, max_items)
+    targets = []  # (sequence, position) of every labelled item, from the windows
+    position = {}
+    for s, seq in enumerate(sequences):
+        for t in range(1, len(seq)):
+            position.setdefault(s, []).append(t)
+    it = iter(windows)
+    for s, seq in enumerate(sequences):
+        covered = 0
+        while covered < len(seq) - 1:
+            window, n = next(it)
+            end = 1 + covered + n  # the window's last item is seq[end - 1]
+            # a contiguous slice ending at its last target, holding at most max_items items before it
+            assert window == list(seq[max(0, end - 1 - max_items) : end])
+            assert 1 <= n <= len(window) - 1
+            targets += [(s, p) for p in range(end - n, end)]
+            covered += n
+    assert next(it, None) is None
+    assert targets == [(s, p) for s, ps in position.items() for p in ps]  # each target exactly once
