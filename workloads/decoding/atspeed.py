@@ -34,7 +34,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from genrec.workloads.decoding.base import DecoderContext, DecodeResult, PhaseTimer, register_decoder
+from genrec.workloads.decoding.base import DecoderContext, DecodeResult, PhaseTimer, RegisteredDecoder
 from genrec.workloads.decoding.beam_core import (
     BeamStart,
     GumbelSelector,
@@ -45,8 +45,8 @@ from genrec.workloads.decoding.beam_core import (
     run_beam_search,
     select_beams,
 )
-from genrec.workloads.decoding.draft import require_draft
 from genrec.workloads.decoding.draft_tree import DraftLevel, DraftTree, verify_logits
+from genrec.workloads.decoding.needs import DRAFT_MODEL, Need
 from genrec.workloads.decoding.params import BeamParams
 from genrec.workloads.decoding.processors import ConstraintProcessor
 from genrec.workloads.decoding.relaxed_sampling import (
@@ -391,9 +391,7 @@ class Counters:
 def atspeed_decode(
     ctx: DecoderContext, histories: list[list[int]], p: AtSpeedParams, relaxed: bool
 ) -> DecodeResult:
-    p.validate()
-    name = "atspeed_relaxed" if relaxed else "atspeed_strict"
-    draft = require_draft(ctx, name)
+    draft = ctx.draft_model  # present: RegisteredDecoder.decode checked the declared needs
     codec, k, levels = ctx.codec, p.beam_width, ctx.codec.levels
     timer = PhaseTimer(ctx.device)
     with timer.phase("system"):
@@ -452,19 +450,19 @@ def sd_step(run: DecodeRun, users: Tensor, codes: Tensor, scores: Tensor, t: int
         return verify_strict(run, users, tree, choices, tree_logits, base)
 
 
-@register_decoder
-class AtSpeedStrict:
+class AtSpeedStrict(RegisteredDecoder):
     name: ClassVar[str] = "atspeed_strict"
     Params: ClassVar[type] = AtSpeedParams
+    needs: ClassVar[tuple[Need, ...]] = (DRAFT_MODEL,)
 
-    def decode(self, ctx: DecoderContext, histories: list[list[int]], params: AtSpeedParams) -> DecodeResult:
+    def run(self, ctx: DecoderContext, histories: list[list[int]], params: AtSpeedParams) -> DecodeResult:
         return atspeed_decode(ctx, histories, params, relaxed=False)
 
 
-@register_decoder
-class AtSpeedRelaxed:
+class AtSpeedRelaxed(RegisteredDecoder):
     name: ClassVar[str] = "atspeed_relaxed"
     Params: ClassVar[type] = AtSpeedParams
+    needs: ClassVar[tuple[Need, ...]] = (DRAFT_MODEL,)
 
-    def decode(self, ctx: DecoderContext, histories: list[list[int]], params: AtSpeedParams) -> DecodeResult:
+    def run(self, ctx: DecoderContext, histories: list[list[int]], params: AtSpeedParams) -> DecodeResult:
         return atspeed_decode(ctx, histories, params, relaxed=True)

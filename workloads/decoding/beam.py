@@ -17,7 +17,7 @@ from typing import ClassVar
 import torch
 
 from genrec.workloads.constraints.backend import MaskBackend
-from genrec.workloads.decoding.base import DecoderContext, DecodeResult, PhaseTimer, register_decoder
+from genrec.workloads.decoding.base import DecoderContext, DecodeResult, PhaseTimer, RegisteredDecoder
 from genrec.workloads.decoding.beam_core import (
     BeamSearchOutput,
     BeamSelector,
@@ -109,18 +109,16 @@ def run_beam_decoder(ctx: DecoderContext, histories: list[list[int]], params: Be
     return run_backbone_search(ctx, histories, params, mask, select)
 
 
-@register_decoder
-class BeamSearch:
+class BeamSearch(RegisteredDecoder):
     name: ClassVar[str] = "beam"
     Params: ClassVar[type] = BeamParams
 
-    def decode(self, ctx: DecoderContext, histories: list[list[int]], params: BeamParams) -> DecodeResult:
+    def run(self, ctx: DecoderContext, histories: list[list[int]], params: BeamParams) -> DecodeResult:
         return finish_backbone_search(
             ctx, run_beam_decoder(ctx, histories, params), params, params.constrained
         )
 
 
-@register_decoder
 class BeamSample(BeamSearch):
     """Sampling beam search: BeamSearch's decode, whose params (BeamSampleParams) pick the Gumbel
     selector in `run_beam_decoder`."""

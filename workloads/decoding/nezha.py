@@ -33,9 +33,10 @@ from genrec.workloads.decoding.base import (
     DecoderContext,
     DecodeResult,
     PhaseTimer,
-    register_decoder,
+    RegisteredDecoder,
 )
 from genrec.workloads.decoding.beam_core import LevelProcessor, finish_beams, run_beam_search
+from genrec.workloads.decoding.needs import NEZHA_HEAD, Need
 from genrec.workloads.decoding.params import BeamParams
 from genrec.workloads.decoding.prefix_keys import PrefixKeySets
 from genrec.workloads.decoding.processors import (
@@ -175,22 +176,8 @@ class NezhaParams(BeamParams):
             raise UserInputError(f"`verify` must be one of {list(VERIFY_MODES)}, got {self.verify!r}")
 
 
-def require_head(ctx: DecoderContext, kind: str) -> DraftHead:
-    head = ctx.draft_head
-    if head is None or head.config.kind != kind:
-        have = "no draft head" if head is None else f"a {head.config.kind!r} head"
-        raise UserInputError(
-            f"decoder {kind!r} needs a model trained with a {kind} head, but this checkpoint has {have}; "
-            f"train one with `genrec train --objective {kind} ...`"
-        )
-    return head
-
-
-def decode_with_head(
-    ctx: DecoderContext, histories: list[list[int]], params: NezhaParams, kind: str
-) -> DecodeResult:
-    params.validate()
-    head = require_head(ctx, kind)
+def decode_with_head(ctx: DecoderContext, histories: list[list[int]], params: NezhaParams) -> DecodeResult:
+    head = ctx.draft_head  # the decoder class declares its head (needs.py); decode checked it is this kind
     codec, cfg = ctx.codec, head.config
     timer = PhaseTimer(ctx.device)
     with timer.phase("system"):
@@ -226,10 +213,10 @@ def decode_with_head(
     return DecodeResult(top.codes, top.scores, top.item_ids, top.valid, timings, counters)
 
 
-@register_decoder
-class NezhaDecoder:
+class NezhaDecoder(RegisteredDecoder):
     name: ClassVar[str] = "nezha"
     Params: ClassVar[type] = NezhaParams
+    needs: ClassVar[tuple[Need, ...]] = (NEZHA_HEAD,)
 
-    def decode(self, ctx: DecoderContext, histories: list[list[int]], params: NezhaParams) -> DecodeResult:
-        return decode_with_head(ctx, histories, params, "nezha")
+    def run(self, ctx: DecoderContext, histories: list[list[int]], params: NezhaParams) -> DecodeResult:
+        return decode_with_head(ctx, histories, params)

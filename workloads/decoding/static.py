@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from genrec.workloads.constraints.backend import MaskBackend
-from genrec.workloads.decoding.base import DecoderContext, DecodeResult, register_decoder
+from genrec.workloads.decoding.base import DecoderContext, DecodeResult, RegisteredDecoder
 from genrec.workloads.decoding.beam import backbone_beam_search
 from genrec.workloads.decoding.constraint_store import BACKENDS, KERNELS
 from genrec.workloads.decoding.params import BeamParams
@@ -53,11 +53,9 @@ def static_mask_for(ctx: DecoderContext, p: StaticParams) -> MaskBackend:
     return ctx.constraints.mask_backend(p, ctx.device, p.dense_levels, p.backend, p.kernel)
 
 
-@register_decoder
-class StaticDecoder:
+class StaticDecoder(RegisteredDecoder):
     name: ClassVar[str] = "static"
     Params: ClassVar[type] = StaticParams
 
-    def decode(self, ctx: DecoderContext, histories: list[list[int]], params: StaticParams) -> DecodeResult:
-        params.validate()
+    def run(self, ctx: DecoderContext, histories: list[list[int]], params: StaticParams) -> DecodeResult:
         return backbone_beam_search(ctx, histories, params, static_mask_for(ctx, params))

@@ -26,7 +26,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from genrec.workloads.decoding.base import DecoderContext, DecodeResult, PhaseTimer, register_decoder
+from genrec.workloads.decoding.base import DecoderContext, DecodeResult, PhaseTimer, RegisteredDecoder
 from genrec.workloads.decoding.beam_core import finish_beams, run_beam_search, select_beams
 from genrec.workloads.decoding.params import BeamParams
 from genrec.workloads.decoding.processors import ConstraintProcessor
@@ -155,11 +155,9 @@ def xgr_search(ctx: DecoderContext, histories: list[list[int]], params: XgrParam
     return DecodeResult(top.codes, scores, top.item_ids, top.valid, timings, counters)
 
 
-@register_decoder
-class XgrDecoder:
+class XgrDecoder(RegisteredDecoder):
     name: ClassVar[str] = "xgr"
     Params: ClassVar[type] = XgrParams
 
-    def decode(self, ctx: DecoderContext, histories: list[list[int]], params: XgrParams) -> DecodeResult:
-        params.validate()
+    def run(self, ctx: DecoderContext, histories: list[list[int]], params: XgrParams) -> DecodeResult:
         return xgr_search(ctx, histories, params)
