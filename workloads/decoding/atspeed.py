@@ -40,7 +40,6 @@ from genrec.workloads.decoding.beam_core import (
     GumbelSelector,
     LevelChoice,
     LevelProcessor,
-    finish_beams,
     replay_processors,
     run_beam_search,
     select_beams,
@@ -55,6 +54,7 @@ from genrec.workloads.decoding.relaxed_sampling import (
     sample_without_replacement,
 )
 from genrec.workloads.decoding.scorers import BackboneScorer, level_log_probs
+from genrec.workloads.decoding.template import decode_result, finish_timed, timed_prompts
 from genrec.workloads.errors import UserInputError
 from genrec.workloads.models.transformer import GRTransformer, KVCache
 from genrec.workloads.sid_codec import SIDCodec
@@ -394,8 +394,8 @@ def atspeed_decode(
     draft = ctx.draft_model  # present: RegisteredDecoder.decode checked the declared needs
     codec, k, levels = ctx.codec, p.beam_width, ctx.codec.levels
     timer = PhaseTimer(ctx.device)
+    tokens, mask = timed_prompts(ctx, histories, timer)
     with timer.phase("system"):
-        tokens, mask = ctx.prompts(histories)
         processors = (
             [ConstraintProcessor(ctx.constraints.mask_backend(p, ctx.device))] if p.constrained else []
         )
@@ -414,12 +414,10 @@ def atspeed_decode(
             outcome = sd_step(run, users, codes, scores, t)
             codes[users], scores[users], level[users] = outcome.codes, outcome.scores, outcome.level
             run.count.add(outcome, len(users))
-    with timer.phase("system"):
-        top = finish_beams(ctx, codes, scores, p.k)
+    top = finish_timed(ctx, timer, codes, scores, p.k)
     timings = dict(timer.ms)
     timings["decode"] = timings.get("draft", 0.0) + timings.get("verify", 0.0)
-    counters = {**run.count.as_dict(k), "missing": top.missing}
-    return DecodeResult(top.codes, top.scores, top.item_ids, top.valid, timings, counters)
+    return decode_result(top, timings, run.count.as_dict(k))
 
 
 def sd_step(run: DecodeRun, users: Tensor, codes: Tensor, scores: Tensor, t: int) -> StepOutcome:
