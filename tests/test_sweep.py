@@ -54,6 +54,11 @@ def test_sweep_writes_one_row_and_one_mlflow_run_per_trial(small_sweep):
     assert df["run_id"].is_unique and all(df["run_id"].str.startswith("bw_small-"))
     assert (df["users"] == 60).all() and (df["trial_wall_s"] > 0).all()
     assert (df["experiment"] == "bw_small").all() and (df["threads"] == 1).all()
+    from genrec.workloads.per_user import read_per_user
+
+    for run_id in df["run_id"]:  # every trial's per-user outcomes beside its row, on the same users
+        users = read_per_user(results, "bw_small", run_id)
+        assert users is not None and len(users) == 60
 
     runs = trial_runs(results, "bw_small")
     assert sorted(r.data.tags[RUN_ID_TAG] for r in runs) == sorted(df["run_id"])

@@ -65,6 +65,14 @@ class EvalOutput:
     ranked: list[list[int]]  # item ids per user, best first (-1 = invalid SID)
     targets: list[list[int]]
     user_ids: list[int]
+    batch_size: int = 1
+    batch_latency_ms: list[float] = field(default_factory=list)  # the first timed pass, per decode call
+
+    def per_user(self):
+        """The per-user outcomes (genrec.workloads.per_user) as an Arrow table."""
+        from genrec.workloads.per_user import per_user_table
+
+        return per_user_table(self.user_ids, self.ranked, self.targets, self.batch_size, self.batch_latency_ms)
 
 
 def load_context(
@@ -187,7 +195,8 @@ def evaluate(
         seed=cfg.seed,
         experiment=cfg.experiment,
     )
-    return EvalOutput(row, ranked, targets, [ex.user_id for ex in examples])
+    user_ids = [ex.user_id for ex in examples]
+    return EvalOutput(row, ranked, targets, user_ids, cfg.batch_size, list(first.latencies))
 
 
 @dataclass
