@@ -30,6 +30,7 @@ CONTEXT_COLUMNS = (
     "batch_size",
     "users",
 )
+BASELINES = ("popular",)  # sanity floors: shown and annotated, never ranked nor setting an axis range
 QUALITY_RE = re.compile(r"^(?P<family>[A-Za-z_]+)@(?P<k>\d+)$")
 QUALITY_FAMILY_ORDER = ("hr", "ndcg", "recall")
 _METRIC_PREFIXES = ("latency_", "time_", "count_")

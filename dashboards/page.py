@@ -285,14 +285,15 @@ def write_page(
     nav = "".join(f'<a href="#{a}">{esc(h)}</a>' for a, h, _ in sections)
     body = "".join(f'<section id="{a}"><h2>{esc(h)}</h2>{b}</section>' for a, h, b in sections)
     script = plotlyjs_tag(out, embed_plotlyjs) if 'class="plotly-graph-div"' in body else ""
-    # headline.py's HTML comes in its own <div class="headline">; bare HTML gets one
+    # headline.py's HTML comes in its own <div class="headline">; bare HTML gets one. It comes right
+    # under the title, before the subtitle: the decision is the first thing a reader sees
     lead = headline if 'class="headline"' in headline[:120] else f'<div class="headline">{headline}</div>'
     lead = lead if headline else ""
     page = (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{esc(title)}</title><style>{CSS}</style>{script}</head><body><main>"
-        f'<h1>{esc(title)}</h1><p class="sub">{esc(subtitle)}</p>{lead}<nav>{nav}</nav>{body}'
+        f'<h1>{esc(title)}</h1>{lead}<p class="sub">{esc(subtitle)}</p><nav>{nav}</nav>{body}'
         "</main></body></html>\n"
     )
     return atomic_write_text(out, page)

@@ -21,7 +21,11 @@ ITEMS = st.integers(-1, 12)
 
 @settings(max_examples=200, deadline=None)
 @given(
-    st.lists(st.tuples(st.lists(ITEMS, max_size=8), st.lists(st.integers(0, 12), min_size=1, max_size=3)), min_size=1, max_size=6),
+    st.lists(
+        st.tuples(st.lists(ITEMS, max_size=8), st.lists(st.integers(0, 12), min_size=1, max_size=3)),
+        min_size=1,
+        max_size=6,
+    ),
     st.sampled_from(["hr", "recall", "ndcg"]),
     st.integers(1, 8),
 )
@@ -37,7 +41,9 @@ def test_evaluation_stores_users_that_reproduce_its_row(synth_dir, tiny_model_di
     from genrec.workloads.evaluation import EvalConfig, evaluate, load_context
 
     ctx, ds, _ = load_context(tiny_model_dir, synth_dir, "cpu")
-    cfg = EvalConfig(decoder="beam", params={"beam_width": 10}, ks=(5, 10), batch_size=16, max_users=40, threads=1)
+    cfg = EvalConfig(
+        decoder="beam", params={"beam_width": 10}, ks=(5, 10), batch_size=16, max_users=40, threads=1
+    )
     out = evaluate(ctx, ds, cfg, progress=False)
     path = write_per_user(tmp_path, "exp", "run-1", out.per_user())
     assert path == per_user_path(tmp_path, "exp", "run-1") and not list(path.parent.glob(".*"))

@@ -72,7 +72,9 @@ class EvalOutput:
         """The per-user outcomes (genrec.workloads.per_user) as an Arrow table."""
         from genrec.workloads.per_user import per_user_table
 
-        return per_user_table(self.user_ids, self.ranked, self.targets, self.batch_size, self.batch_latency_ms)
+        return per_user_table(
+            self.user_ids, self.ranked, self.targets, self.batch_size, self.batch_latency_ms
+        )
 
 
 def load_context(

@@ -82,7 +82,9 @@ def per_user_table(
     return pa.table(
         {
             "user_id": pa.array([int(u) for u in user_ids], pa.int64()),
-            "target_ranks": pa.array([target_ranks(r, t) for r, t in zip(ranked, targets)], pa.list_(pa.int32())),
+            "target_ranks": pa.array(
+                [target_ranks(r, t) for r, t in zip(ranked, targets)], pa.list_(pa.int32())
+            ),
             "batch": pa.array(batches, pa.int32()),
             "batch_latency_ms": pa.array(latency, pa.float64()),
         }
