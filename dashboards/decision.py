@@ -179,16 +179,27 @@ class Inputs:
         return distinguishable(self.quality, self.q[best], self.q[a])
 
 
-def reference_label(df: pd.DataFrame, labels: pd.Series, among: list[str]) -> str | None:
-    """Beam search at its default width (the usual production baseline), if it was run."""
+def default_beam_width() -> int:
     from dataclasses import fields
 
     from genrec.workloads.decoding.base import get_decoder
 
     try:
-        width = next(f.default for f in fields(get_decoder("beam").Params) if f.name == "beam_width")
-    except (KeyError, StopIteration, Exception):  # noqa: BLE001 - a registry without beam: no reference
-        width = 10
+        return int(next(f.default for f in fields(get_decoder("beam").Params) if f.name == "beam_width"))
+    except Exception:  # noqa: BLE001 - a registry without beam: the usual production width
+        return 10
+
+
+def reference_name(label: str | None) -> str | None:
+    """How sentences name the reference: its label, with the width when the label leaves it out."""
+    if label is None or "beam_width" in label:
+        return label
+    return f"{label}-{default_beam_width()}"
+
+
+def reference_label(df: pd.DataFrame, labels: pd.Series, among: list[str]) -> str | None:
+    """Beam search at its default width (the usual production baseline), if it was run."""
+    width = default_beam_width()
     if "param_beam_width" not in df:
         return None
     beam = df[(df["decoder"].astype(str) == "beam") & (pd.to_numeric(df["param_beam_width"]) == width)]
@@ -313,7 +324,7 @@ def choice_sentence(dec: Decision, c: Choice) -> str:
         word = "faster" if s.value >= 1 else "slower"
         factor = s.value if s.value >= 1 else 1 / s.value
         span = f"[{s.lo:.2f}–{s.hi:.2f}x]" if s.hi > s.lo else "(measured once: no interval)"
-        parts.append(f"{factor:.2f}x {word} than {dec.reference} {span}")
+        parts.append(f"{factor:.2f}x {word} than {reference_name(dec.reference)} {span}")
     if c.vs_reference is not None:
         parts.append(quality_phrase(c.vs_reference, dec.quality.label))
     elif c.deploy == dec.reference:
@@ -372,7 +383,7 @@ def decision_rows(dec: Decision) -> list[list[str]]:
 
 
 def decision_table(dec: Decision) -> str:
-    q, lat, ref = dec.quality.label, dec.latency.label, dec.reference or "none"
+    q, lat, ref = dec.quality.label, dec.latency.label, reference_name(dec.reference) or "none"
     heads = [
         f"{lat} budget (Pareto point)",
         "deploy",

@@ -119,7 +119,9 @@ def decoder_decision(df: pd.DataFrame, options: ReportOptions, results_dir=None)
 def decoder_headline(df: pd.DataFrame, options: ReportOptions, decision: Decision | None = None) -> str:
     """The decision's sentences first, then the per-axis verdicts and the baselines (not ranked)."""
     quality, latency = decoder_axes(df, options)
-    axes = [quality] if quality else []
+    # a paired decision already says how quality compares; the unpaired per-axis verdict would
+    # contradict it (a difference significant paired is often within the unpaired noise)
+    axes = [quality] if quality and not (decision is not None and decision.paired) else []
     axes += [latency] if latency.column in df else []
     if "invalid_rate" in df:
         axes.append(Axis("invalid_rate", False, "rate", "invalid_rate"))

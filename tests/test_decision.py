@@ -19,13 +19,15 @@ LATENCY = Axis("latency_p50_ms", False, "timing", "latency p50", "ms")
 
 
 def store(root, decoder: str, width: int, hits: np.ndarray, p50: float) -> None:
-    """One trial: its row (recall = share of hits) and its per-user outcomes (a hit at rank 1)."""
+    """One trial: its row (recall = share of hits) and its per-user outcomes (a hit at rank 1);
+    width 0: a decoder without a beam width (the popular baseline)."""
     env = Environment("cpu:test", 1, "2.13", "none", "3.11", "abc", "host", load_1m=0.5)
     run_id = f"{decoder}-{width}"
+    params = {"beam_width": width, "k": 10} if width else {"k": 10}
     recall = float(hits.mean())
     row = ResultRow(
         decoder=decoder,
-        decoder_params={"beam_width": width, "k": 10},
+        decoder_params=params,
         dataset="synth",
         model="tiny",
         split="test",
@@ -67,7 +69,7 @@ def test_a_difference_significant_only_paired_is_reported_as_significant(tmp_pat
     assert fast.vs_reference.value == pytest.approx(-0.015)
     assert full.deploy.startswith("beam") and not full.tie  # nezha is significantly below: no tie
     text = render_decision(dec)
-    assert "deploy nezha: 2.00x faster than beam" in text
+    assert "deploy nezha: 2.00x faster than beam-10" in text
     assert "recall@10 -0.0150" in text and "(paired), significant" in text
     # without the per-user outcomes the same rows compare unpaired: not significant, and nezha ties
     unpaired = decide(df, RECALL, LATENCY, None)
@@ -90,7 +92,7 @@ def test_among_ties_best_is_the_cheaper_everywhere(tmp_path):
     assert dec.best.deploy == "nezha" and dec.best.tie and dec.best.best.startswith("beam")
     best = best_configuration(df.to_dict("records"), "recall@10", "max", tmp_path)
     assert best["decoder"] == "nezha" and "tie" in best and not best["significant"]
-    assert best["decision"].startswith("Within 10.0 ms: deploy nezha: 2.00x faster than beam")
+    assert best["decision"].startswith("Within 10.0 ms: deploy nezha: 2.00x faster than beam-10")
 
 
 def test_headline_and_body_show_the_same_decision_object(tmp_path, monkeypatch):
