@@ -59,6 +59,13 @@ def param_columns(df: pd.DataFrame) -> list[str]:
     return sorted(c for c in df.columns if c.startswith(PARAM_PREFIX) and c not in SEED_PARAMS)
 
 
+def varying_param_columns(df: pd.DataFrame) -> list[str]:
+    """The parameter columns that take more than one value (a missing value counts as one) in `df`:
+    what sets its rows apart; the others are one default repeated on every row."""
+    text = lambda v: "" if is_missing(v) else format_value(v)  # noqa: E731
+    return [c for c in param_columns(df) if df[c].map(text).nunique() > 1]
+
+
 def config_params(row: Mapping[str, object], columns: Iterable[str]) -> dict[str, object]:
     """{name: value} of the non-null parameter columns of one row (names without the prefix)."""
     return {c[len(PARAM_PREFIX) :]: row[c] for c in columns if not is_missing(row.get(c))}

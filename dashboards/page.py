@@ -91,8 +91,11 @@ def fmt_ms(value: object) -> str:
     return f"{v:.0f}" if v >= 100 else f"{v:.1f}" if v >= 10 else f"{v:.2f}" if v >= 1 else f"{v:.3f}"
 
 
-def params_text(row: pd.Series) -> str:
-    cols = [c for c in row.index if c.startswith(PARAM_PREFIX) and not is_missing(row[c])]
+def params_text(row: pd.Series, shown: Sequence[str] | None = None) -> str:
+    """'beam_width=10, k=10': the row's parameters, only those in `shown` when given (a table's
+    varying parameters: the rest is the same on every row and said once under the table)."""
+    names = row.index if shown is None else shown
+    cols = [c for c in names if c.startswith(PARAM_PREFIX) and not is_missing(row[c])]
     text = ", ".join(f"{c[len(PARAM_PREFIX) :]}={format_value(row[c])}" for c in sorted(cols))
     if row.get("setting"):
         text = f"{text} [{row['setting']}]" if text else f"[{row['setting']}]"

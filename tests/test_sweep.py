@@ -112,6 +112,11 @@ def test_runs_command_shows_the_parquet_rows(small_sweep, capsys):
     assert run_cli(argv) == 0
     table = capsys.readouterr().out
     assert all(run_id in table for run_id in df["run_id"]) and "recall@10" in table
+    header = table.splitlines()[0].split()
+    assert [c for c in header if c.startswith("param_")] == ["param_beam_width"]  # only what varies
+    assert run_cli([*argv, "--all-params"]) == 0
+    wide = capsys.readouterr().out.splitlines()[0].split()
+    assert len([c for c in wide if c.startswith("param_")]) > 1
     assert run_cli([*argv, "--where", "param_beam_width >= 20", "--format", "csv"]) == 0
     assert len(capsys.readouterr().out.strip().splitlines()) == 1 + 2
     assert run_cli([*argv, "--where", "`recall@10` >", "--format", "csv"]) == 2

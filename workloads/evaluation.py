@@ -263,14 +263,27 @@ def latency_over_passes(passes: list[list[float]]) -> dict[str, float]:
     return out
 
 
-def format_table(rows: list[ResultRow], ks: tuple[int, ...]) -> str:
-    """A plain-text table of quality and latency, one line per result row."""
+def shown_params(row: ResultRow, all_params: bool = False) -> dict[str, Any]:
+    """The parameters a table shows for a row: those set away from the decoder's defaults (what the
+    user chose, or eval derived from --k), or every one with all_params."""
+    if all_params:
+        return dict(row.decoder_params)
+    try:
+        defaults = {f.name: f.default for f in fields(get_decoder(row.decoder).Params)}
+    except Exception:  # noqa: BLE001 - an unregistered decoder: show everything
+        return dict(row.decoder_params)
+    return {k: v for k, v in row.decoder_params.items() if k not in defaults or defaults[k] != v}
+
+
+def format_table(rows: list[ResultRow], ks: tuple[int, ...], all_params: bool = False) -> str:
+    """A plain-text table, one line per result row: quality first (recall, hr, ndcg at each K), the
+    invalid and missing shares, latency; parameters only where they differ from the defaults (all_params: all)."""
     rates = ["invalid_rate", "missing_rate"]
-    metric_cols = [f"{m}@{k}" for k in ks for m in ("hr", "ndcg", "recall")] + rates
+    metric_cols = [f"{m}@{k}" for m in ("recall", "hr", "ndcg") for k in ks] + rates
     header = ["decoder", "params", *metric_cols, "p50 ms", "p99 ms", "users/s"]
     lines = []
     for r in rows:
-        params = ",".join(f"{k}={v}" for k, v in r.decoder_params.items())
+        params = ",".join(f"{k}={v}" for k, v in shown_params(r, all_params).items()) or "defaults"
         lines.append(
             [r.decoder, params]
             + [f"{r.quality.get(c, float('nan')):.4f}" for c in metric_cols]

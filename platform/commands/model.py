@@ -206,6 +206,9 @@ def eval_command(
         Path | None, typer.Option(help="Write the result rows as JSON lines to this file.")
     ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
+    all_params: Annotated[
+        bool, typer.Option("--all-params", help="Show every decoder parameter, not only those set.")
+    ] = False,
 ) -> None:
     """Decode a split with a registered decoder and print HR/NDCG/Recall@K, invalid rate and latency."""
     from genrec.workloads.evaluation import EvalConfig, evaluate, load_context, model_label
@@ -229,7 +232,7 @@ def eval_command(
             repeats=repeats,
         )
         rows.append(evaluate(ctx, ds, cfg, model_label(model), progress=not quiet, draft_name=draft_name).row)
-    print_eval_results(rows, ks, ds, split, model, draft, draft_name)
+    print_eval_results(rows, ks, ds, split, model, draft, draft_name, all_params)
     if output:
         write_eval_rows(output, rows)
 
@@ -281,7 +284,14 @@ def decoder_runs(
 
 
 def print_eval_results(
-    rows: list, ks: tuple[int, ...], ds, split: str, model: Path, draft: Path | None, draft_name: str
+    rows: list,
+    ks: tuple[int, ...],
+    ds,
+    split: str,
+    model: Path,
+    draft: Path | None,
+    draft_name: str,
+    all_params: bool = False,
 ) -> None:
     from genrec.workloads.evaluation import format_table, model_label
 
@@ -291,7 +301,7 @@ def print_eval_results(
         f"{ds.manifest.name} / {split}: {head.users} users, model {model_label(model)}{drafted}, "
         f"{head.env.device}"
     )
-    typer.echo(format_table(rows, ks))
+    typer.echo(format_table(rows, ks, all_params))
 
 
 def write_eval_rows(output: Path, rows: list) -> None:
