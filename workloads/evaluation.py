@@ -277,7 +277,8 @@ def shown_params(row: ResultRow, all_params: bool = False) -> dict[str, Any]:
 
 def format_table(rows: list[ResultRow], ks: tuple[int, ...], all_params: bool = False) -> str:
     """A plain-text table, one line per result row: quality first (recall, hr, ndcg at each K), the
-    invalid and missing shares, latency; parameters only where they differ from the defaults (all_params: all)."""
+    invalid and missing shares, latency; parameters only where they differ from the defaults
+    (all_params: all)."""
     rates = ["invalid_rate", "missing_rate"]
     metric_cols = [f"{m}@{k}" for m in ("recall", "hr", "ndcg") for k in ks] + rates
     header = ["decoder", "params", *metric_cols, "p50 ms", "p99 ms", "users/s"]
