@@ -216,6 +216,9 @@ def eval_command(
     check_eval_options(beam_width, k, batch_size, max_users, threads, repeats, decoder, draft, device)
     ks = tuple(sorted(set(k or [5, 10])))
     runs = decoder_runs(decoder, param, beam_width, baseline, ks)
+    from genrec.platform.decoder_needs import check_decoder_fits
+
+    check_decoder_fits(decoder, model, draft is not None)  # e.g. beam on a NEZHA checkpoint: one line
     ctx, ds, _ = load_context(model, data, device, draft_dir=draft)
     draft_name = model_label(draft) if draft is not None else ""
     rows = []
@@ -313,14 +316,18 @@ def write_eval_rows(output: Path, rows: list) -> None:
 
 
 def decoders_command() -> None:
-    """List registered decoders with their parameters (name: type = default); set them with --param."""
+    """List registered decoders: what each does, what it needs from a checkpoint, and its parameters
+    (name: type = default; set them with --param)."""
+    from genrec.platform.decoder_needs import decoder_needs
     from genrec.platform.params import describe_parameters
     from genrec.workloads.decoding.base import decoder_names
-    from genrec.workloads.decoding.draft import needs_draft
 
     for name in decoder_names():
+        needs = decoder_needs(name)
         params = ", ".join(f"{p.name}: {p.type} = {p.default!r}" for p in describe_parameters(name))
-        typer.echo(f"{name:10s} {params}" + ("  (needs --draft DIR)" if needs_draft(name) else ""))
+        typer.echo(f"{name}: {needs.what}")
+        typer.echo(f"    needs: {needs.needs_text()}")
+        typer.echo(f"    params: {params or '(none)'}")
 
 
 def register(app: typer.Typer) -> None:
