@@ -324,6 +324,8 @@ def choice_sentence(dec: Decision, c: Choice) -> str:
         word = "faster" if s.value >= 1 else "slower"
         factor = s.value if s.value >= 1 else 1 / s.value
         span = f"[{s.lo:.2f}–{s.hi:.2f}x]" if s.hi > s.lo else "(measured once: no interval)"
+        if s.lo <= 1.0 <= s.hi and s.hi > s.lo:  # the interval holds 1: the two may swap on a re-run
+            span += " (speed difference not significant)"
         parts.append(f"{factor:.2f}x {word} than {reference_name(dec.reference)} {span}")
     if c.vs_reference is not None:
         parts.append(quality_phrase(c.vs_reference, dec.quality.label))

@@ -19,12 +19,14 @@ from genrec.dashboards.analysis import (
     BASELINES,
     QUALITY_RE,
     aggregate_over_seeds,
+    config_key,
     pareto_front,
     quality_columns,
 )
-from genrec.dashboards.decision import decision_table
+from genrec.dashboards.decision import decision_table, reference_name
 from genrec.dashboards.figures import (
     Line,
+    Reference,
     baseline_note,
     build_lines,
     flat_metrics,
@@ -32,6 +34,7 @@ from genrec.dashboards.figures import (
     metric_vs_x_figure,
     pareto_figure,
 )
+from genrec.dashboards.headline import config_label_series
 from genrec.dashboards.page import (
     FigureWriter,
     PageContext,
@@ -92,7 +95,7 @@ def curve_sections(
     sentences; result rows `df`, aggregated `agg`)."""
     vs, x_note = _x_note(lines, x_param)
     sections = []
-    reference = decision.reference if decision is not None else None
+    reference = reference_of(df, decision)
     metric = decision.quality.column if decision is not None else ""
     latency_col = decision.latency.column if decision is not None else "latency_p50_ms"
     floor = baseline_note(agg, metric, latency_col) if metric else ""
@@ -111,10 +114,24 @@ def curve_sections(
             panels = sum(len(r) for r in grid)
             body += (
                 f"<details><summary>{panels} quality panels {esc(vs)} (axes zoomed to the data; the "
-                f"reference {esc(reference or '–')} dashed)</summary>{x_note}{figure(fig)}</details>"
+                f"reference {esc(reference.name if reference else '–')} dashed)</summary>"
+                f"{x_note}{figure(fig)}</details>"
             )
         sections.append(("quality", f"Quality {vs}", body))
     return sections
+
+
+def short_names(df: pd.DataFrame) -> dict[str, str]:
+    """Configuration key (the aggregated rows' `config`) -> the name the decision gives it."""
+    return dict(zip(config_key(df), config_label_series(df)))
+
+
+def reference_of(df: pd.DataFrame, decision) -> Reference | None:
+    """The decision's reference as the figures find it in the aggregated rows."""
+    if decision is None or decision.reference is None:
+        return None
+    key = next((k for k, v in short_names(df).items() if v == decision.reference), None)
+    return Reference(key, reference_name(decision.reference)) if key is not None else None
 
 
 def tradeoff_sections(
@@ -124,7 +141,7 @@ def tradeoff_sections(
     SAME `Decision` object the headline renders (its table is built once, from it)."""
     latency_col = f"latency_{latency}_ms"
     front = pareto_front(agg, latency_col, metric, minimize_x=True, maximize_y=True)
-    reference = decision.reference if decision is not None else None
+    reference = reference_of(df, decision)
     body = (
         note(
             f"Each point is one configuration (mean over seeds), labelled. The Pareto front keeps the "
@@ -132,7 +149,7 @@ def tradeoff_sections(
             f"{esc(latency)} (lower); axes are zoomed to the decoders compared (baselines are annotated, "
             "not plotted to scale)."
         )
-        + figure(pareto_figure(agg, front, metric, latency_col, latency, df, reference))
+        + figure(pareto_figure(agg, front, metric, latency_col, latency, df, reference, short_names(df)))
         + f"<h3>Pareto front ({len(front)} configurations)</h3>"
         + front_table(front, metric, latency_col, latency)
     )

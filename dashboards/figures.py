@@ -199,7 +199,7 @@ def metric_vs_x_figure(
     x_param: str,
     title: str,
     results: pd.DataFrame | None = None,
-    reference: str | None = None,
+    reference: Reference | None = None,
 ) -> go.Figure:
     """Small multiples (one cell per metric in `grid`): metric vs the x parameter, one trace per Line,
     error bars = std over seeds; configurations without the x parameter are horizontal dotted lines.
@@ -253,6 +253,15 @@ def metric_vs_x_figure(
     return fig
 
 
+@dataclass(frozen=True)
+class Reference:
+    """The configuration the decision compares against: its key in the aggregated rows (`config`)
+    and the name the decision's sentences give it."""
+
+    config: str
+    name: str
+
+
 def drawn_extent(rows: pd.DataFrame, metric: str) -> list[float]:
     """The values of `metric` with their error-bar ends: what a zoomed axis must show."""
     if metric not in rows.columns or rows.empty:
@@ -263,17 +272,17 @@ def drawn_extent(rows: pd.DataFrame, metric: str) -> list[float]:
     return [v for v in vals + ends if v == v]
 
 
-def mark_reference(fig, agg: pd.DataFrame, reference: str | None, metric: str, **cell: int) -> None:
+def mark_reference(fig, agg: pd.DataFrame, reference: Reference | None, metric: str, **cell: int) -> None:
     """A dashed horizontal line at the reference configuration's value, labelled."""
-    if not reference or metric not in agg.columns:
+    if reference is None or metric not in agg.columns:
         return
-    hit = agg[agg["label"].astype(str) == reference]
+    hit = agg[agg["config"].astype(str) == reference.config]
     if hit.empty or is_missing(hit[metric].iloc[0]):
         return
     fig.add_hline(
         y=float(hit[metric].iloc[0]),
         line=dict(color=REFERENCE_COLOUR, dash="dash", width=1),
-        annotation_text=f"reference {reference}",
+        annotation_text=f"reference {reference.name}",
         annotation_position="bottom right",
         annotation_font_size=10,
         **cell,
@@ -291,7 +300,9 @@ def baseline_note(agg: pd.DataFrame, metric: str, latency_col: str) -> str:
     return "; ".join(parts)
 
 
-def _points_trace(go, rows: pd.DataFrame, decoder: str, metric: str, latency_col: str, latency_name: str):
+def _points_trace(
+    go, rows: pd.DataFrame, decoder: str, metric: str, latency_col: str, latency_name: str, names: dict
+):
     """One decoder's configurations as markers in its colour, error bars both ways (std over seeds)."""
     custom = [
         [
@@ -310,7 +321,7 @@ def _points_trace(go, rows: pd.DataFrame, decoder: str, metric: str, latency_col
         y=rows[metric].astype(float).tolist(),
         mode="markers+text",
         name=decoder,
-        text=[str(v) for v in rows["label"]],  # labelled points: the decision names them
+        text=[names.get(str(c), str(v)) for c, v in zip(rows["config"], rows["label"])],  # as the decision
         textposition="top center",
         textfont=dict(size=10),
         customdata=custom,
@@ -333,9 +344,11 @@ def pareto_figure(
     latency_col: str,
     latency_name: str,
     results: pd.DataFrame | None = None,
-    reference: str | None = None,
+    reference: Reference | None = None,
+    names: dict[str, str] | None = None,
 ) -> go.Figure:
-    """Quality vs latency for every configuration (coloured by decoder, labelled) with the Pareto
+    """Quality vs latency for every configuration (coloured by decoder, labelled by `names`: config
+    key -> the decision's name) with the Pareto
     front; axes zoomed to the decoders compared, the reference dashed, baselines (analysis.BASELINES)
     an annotation that sets no axis range."""
     go, _ = plotly()
@@ -347,7 +360,7 @@ def pareto_figure(
     front = front[front["label"].isin(usable["label"])]
     for decoder in sorted(usable["decoder"].astype(str).unique()):
         rows = usable[usable["decoder"].astype(str) == decoder]
-        fig.add_trace(_points_trace(go, rows, decoder, metric, latency_col, latency_name))
+        fig.add_trace(_points_trace(go, rows, decoder, metric, latency_col, latency_name, names or {}))
     if not front.empty:
         fig.add_trace(
             go.Scatter(
