@@ -19,6 +19,7 @@ MLflow parent run all read the same `Decision`):
 
 from __future__ import annotations
 
+import functools
 import html
 import math
 from dataclasses import dataclass, field
@@ -117,8 +118,12 @@ def user_values(df: pd.DataFrame, labels: pd.Series, metric: str, results_dir: P
     return quality, batches
 
 
+@functools.lru_cache(maxsize=8)
 def _resample_index(n: int, seed: int = 0) -> np.ndarray:
-    return np.random.default_rng(seed).integers(0, n, size=(RESAMPLES, n))
+    """The same resamples for every comparison on n users (cached: a page compares many pairs)."""
+    idx = np.random.default_rng(seed).integers(0, n, size=(RESAMPLES, n))
+    idx.setflags(write=False)
+    return idx
 
 
 def paired_difference(a: pd.Series, b: pd.Series) -> Difference | None:
@@ -160,13 +165,15 @@ class Inputs:
     users: dict[str, pd.Series]
     batches: dict[str, np.ndarray]
     quality: Axis
+    cache: dict = field(default_factory=dict)  # (a, b) -> Difference: each pair is resampled once
 
     def difference(self, a: str, b: str) -> Difference:
-        if a in self.users and b in self.users:
-            found = paired_difference(self.users[a], self.users[b])
-            if found is not None:
-                return found
-        return unpaired_difference(self.q[a], self.q[b])
+        if (a, b) not in self.cache:
+            found = None
+            if a in self.users and b in self.users:
+                found = paired_difference(self.users[a], self.users[b])
+            self.cache[(a, b)] = found if found is not None else unpaired_difference(self.q[a], self.q[b])
+        return self.cache[(a, b)]
 
     def below(self, a: str, best: str) -> bool:
         """Whether a's quality is significantly below best's."""
