@@ -42,6 +42,7 @@ from genrec.dashboards.headline import (
 )
 
 RESAMPLES = 2000
+POPULATION = ("dataset", "split")  # rows pair on user ids only within one dataset and split
 PAIRED_TEST = "paired bootstrap over users (2000 resamples, 95% percentile interval)"
 
 
@@ -105,6 +106,8 @@ def user_values(df: pd.DataFrame, labels: pd.Series, metric: str, results_dir: P
     quality, batches = {}, {}
     if results_dir is None or "run_id" not in df or "experiment" not in df:
         return quality, batches
+    if any(c in df and df[c].nunique(dropna=False) > 1 for c in POPULATION):
+        return quality, batches  # user ids of two datasets or splits are not the same users: unpaired
     for label, rows in df.groupby(labels, sort=False):
         frames = [read_per_user(results_dir, str(r.experiment), str(r.run_id)) for r in rows.itertuples()]
         if any(f is None or f.empty for f in frames):

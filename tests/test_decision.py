@@ -116,3 +116,10 @@ def test_headline_and_body_show_the_same_decision_object(tmp_path, monkeypatch):
     text = page.read_text()
     first = text.index('<ul class="decision-sentences"><li>')
     assert first < text.index('class="sub"')  # the decision comes before anything else but the title
+
+
+def test_rows_of_two_datasets_are_never_paired(tmp_path):
+    paired_but_not_unpaired(tmp_path)
+    df = read_results(tmp_path, EXP)
+    df.loc[df["decoder"] == "nezha", "dataset"] = "other"  # same user ids, other users
+    assert not decide(df, RECALL, LATENCY, tmp_path).paired
