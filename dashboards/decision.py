@@ -349,18 +349,6 @@ def choice_sentence(dec: Decision, c: Choice) -> str:
     return text + "."
 
 
-def best_text(dec: Decision) -> dict:
-    """The `best` of a sweep line and the MLflow parent run: the unbudgeted choice, marked as a tie."""
-    c = dec.best
-    if c is None:
-        return {}
-    out: dict = {"deploy": c.deploy, dec.quality.column: round(c.quality, 4)}
-    out[dec.latency.column] = round(c.latency.value, 3)
-    if c.tie:
-        out["tie"] = f"not significantly below {c.best} ({'paired' if dec.paired else 'unpaired'})"
-    return out
-
-
 def noisy_sentence(dec: Decision) -> str:
     if not dec.noisy:
         return f"Timings: {dec.timing_note}." if dec.timing_note else ""
