@@ -94,6 +94,10 @@ def test_sweep_summary_run_and_refusal_to_mix_sweeps(small_sweep, capsys):
         assert r.info.end_time - r.info.start_time == pytest.approx(row["trial_wall_s"] * 1000, abs=1)
     best = {r.info.run_id: r for r in runs}[sweep_run.data.tags["best.mlflow_run_id"]]
     assert sweep_run.data.tags["best.run_name"] == best.info.run_name
+    # the run's description opens with the report's decision, and its best trial is the one deployed
+    decision = sweep_run.data.tags["genrec.decision"]
+    assert sweep_run.data.tags["mlflow.note.content"].startswith(decision) and decision.startswith("Within ")
+    assert f"deploy beam({best.info.run_name})" in decision, decision
     assert [a.path for a in client.list_artifacts(sweep_run.info.run_id)] == [path.name]
     before = sorted(read_results(results, "bw_small")["run_id"])
     assert run_cli(["sweep", str(path)]) == 2  # a second fresh sweep would mix with the first
