@@ -30,6 +30,7 @@ CONTEXT_COLUMNS = (
     "batch_size",
     "users",
 )
+BASELINES = ("popular",)  # sanity floors: shown and annotated, never ranked nor setting an axis range
 QUALITY_RE = re.compile(r"^(?P<family>[A-Za-z_]+)@(?P<k>\d+)$")
 QUALITY_FAMILY_ORDER = ("hr", "ndcg", "recall")
 _METRIC_PREFIXES = ("latency_", "time_", "count_")
@@ -56,6 +57,13 @@ def format_value(value: object) -> str:
 def param_columns(df: pd.DataFrame) -> list[str]:
     """The decoder-parameter columns of a result table (a seed parameter excluded), sorted."""
     return sorted(c for c in df.columns if c.startswith(PARAM_PREFIX) and c not in SEED_PARAMS)
+
+
+def varying_param_columns(df: pd.DataFrame) -> list[str]:
+    """The parameter columns that take more than one value (a missing value counts as one) in `df`:
+    what sets its rows apart; the others are one default repeated on every row."""
+    text = lambda v: "" if is_missing(v) else format_value(v)  # noqa: E731
+    return [c for c in param_columns(df) if df[c].map(text).nunique() > 1]
 
 
 def config_params(row: Mapping[str, object], columns: Iterable[str]) -> dict[str, object]:

@@ -37,7 +37,9 @@ AXES_JS = """
   const axes = Object.keys(full).filter(k => /^[xy]axis[0-9]*$/.test(k) && full[k].visible !== false);
   const traces = (el.data || []).length;
   return {index: i, id: el.id, traces: traces,
-          axes: axes.map(k => ({name: k, title: (full[k].title && full[k].title.text) || ''}))};
+          title: (full.title && full.title.text) || '',
+          axes: axes.map(k => ({name: k, title: (full[k].title && full[k].title.text) || '',
+                                range: full[k].range || null, type: full[k].type || ''}))};
 })
 """
 
@@ -48,6 +50,7 @@ class PageAudit:
     blocked_requests: list[str] = field(default_factory=list)
     headline: str = ""
     title: str = ""
+    first_text: str = ""  # the page's first line of text under its title (the decision, on decoder pages)
     figures: list[dict] = field(default_factory=list)
 
     def untitled_axes(self) -> list[str]:
@@ -110,6 +113,8 @@ def audit_page(
             audit.title = page.title()
             head = page.query_selector(".headline")
             audit.headline = head.inner_text() if head else ""
+            lines = [ln.strip() for ln in page.inner_text("main").splitlines() if ln.strip()]
+            audit.first_text = lines[1] if len(lines) > 1 else ""
             audit.figures = page.evaluate(AXES_JS)
             if screenshot:
                 Path(screenshot).parent.mkdir(parents=True, exist_ok=True)

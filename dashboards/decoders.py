@@ -1,33 +1,40 @@
 """The decoder page: rows of `genrec eval` and decoder sweeps (one row per decoder configuration and
 seed), the page kind `decoders` of the report registry.
 
-Sections: quality vs the x parameter (beam width by default; metrics equal for every configuration
-collapse to a sentence), latency (p50/p99) vs the x parameter, quality vs latency with the Pareto
-front, the best configuration per latency budget, every configuration, and provenance.
+The headline is the deployment decision (dashboards/decision.py): one sentence per latency budget.
+Sections: quality vs latency with the Pareto front (labelled points), what to deploy per budget (the
+same Decision's table), latency (p50/p99) vs the x parameter, quality vs the x parameter folded under
+them (beam width by default; metrics equal for every configuration collapse to a sentence), every
+configuration, and provenance.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
 
 from genrec.dashboards.analysis import (
+    BASELINES,
     QUALITY_RE,
     aggregate_over_seeds,
-    best_per_budget,
-    default_budgets,
+    config_key,
     pareto_front,
     quality_columns,
 )
+from genrec.dashboards.decision import decision_table, reference_name
 from genrec.dashboards.figures import (
     Line,
+    Reference,
+    baseline_note,
     build_lines,
     flat_metrics,
     flat_sentences,
     metric_vs_x_figure,
     pareto_figure,
 )
+from genrec.dashboards.headline import config_label_series
 from genrec.dashboards.page import (
     FigureWriter,
     PageContext,
@@ -37,7 +44,8 @@ from genrec.dashboards.page import (
     note,
     values_text,
 )
-from genrec.dashboards.tables import budget_table, configurations_table, front_table, latency_cols
+from genrec.dashboards.page_headlines import decoder_decision, decoder_headline
+from genrec.dashboards.tables import configurations_table, front_table, latency_cols
 from genrec.workloads.errors import UserInputError
 
 
@@ -81,62 +89,84 @@ def _x_note(lines: list[Line], x_param: str) -> tuple[str, str]:
 
 
 def curve_sections(
-    df: pd.DataFrame, agg: pd.DataFrame, lines: list[Line], x_param: str, figure: FigureWriter
+    df: pd.DataFrame, agg: pd.DataFrame, lines: list[Line], x_param: str, figure: FigureWriter, decision=None
 ) -> list:
-    """Quality vs x (flat metrics as sentences) and latency vs x (result rows `df`, aggregated `agg`)."""
+    """Latency vs x, then quality vs x folded (they come after the decision; flat metrics as
+    sentences; result rows `df`, aggregated `agg`)."""
     vs, x_note = _x_note(lines, x_param)
     sections = []
+    reference = reference_of(df, decision)
+    metric = decision.quality.column if decision is not None else ""
+    latency_col = decision.latency.column if decision is not None else "latency_p50_ms"
+    floor = baseline_note(agg, metric, latency_col) if metric else ""
+    x_note += note(f"Not drawn (baselines): {esc(floor)}.") if floor else ""
+    lat_cols = [c for c in latency_cols(agg) if agg[c].notna().any()]
+    if lat_cols:
+        fig = metric_vs_x_figure(agg, lines, [lat_cols], x_param, f"Latency {vs}", df)
+        sections.append(("latency", f"Latency (p50, p99) {vs}", x_note + figure(fig)))
     qcols = quality_columns(agg)
     if qcols:
         flat = flat_metrics(agg, qcols)
         grid = [row for row in ([c for c in r if c not in flat] for r in quality_grid(qcols)) if row]
         body = flat_sentences(flat)
         if grid:
-            body += x_note + figure(metric_vs_x_figure(agg, lines, grid, x_param, f"Quality {vs}", df))
+            fig = metric_vs_x_figure(agg, lines, grid, x_param, f"Quality {vs}", df, reference)
+            panels = sum(len(r) for r in grid)
+            body += (
+                f"<details><summary>{panels} quality panels {esc(vs)} (axes zoomed to the data; the "
+                f"reference {esc(reference.name if reference else '–')} dashed)</summary>"
+                f"{x_note}{figure(fig)}</details>"
+            )
         sections.append(("quality", f"Quality {vs}", body))
-    lat_cols = [c for c in latency_cols(agg) if agg[c].notna().any()]
-    if lat_cols:
-        fig = metric_vs_x_figure(agg, lines, [lat_cols], x_param, f"Latency {vs}", df)
-        sections.append(("latency", f"Latency (p50, p99) {vs}", x_note + figure(fig)))
     return sections
 
 
+def short_names(df: pd.DataFrame) -> dict[str, str]:
+    """Configuration key (the aggregated rows' `config`) -> the name the decision gives it."""
+    return dict(zip(config_key(df), config_label_series(df)))
+
+
+def reference_of(df: pd.DataFrame, decision) -> Reference | None:
+    """The decision's reference as the figures find it in the aggregated rows."""
+    if decision is None or decision.reference is None:
+        return None
+    key = next((k for k, v in short_names(df).items() if v == decision.reference), None)
+    return Reference(key, reference_name(decision.reference)) if key is not None else None
+
+
 def tradeoff_sections(
-    df: pd.DataFrame,
-    agg: pd.DataFrame,
-    metric: str,
-    latency: str,
-    budgets_ms: tuple[float, ...] | None,
-    figure: FigureWriter,
+    df: pd.DataFrame, agg: pd.DataFrame, metric: str, latency: str, decision, figure: FigureWriter
 ) -> list:
-    """Quality vs latency with the Pareto front, and the best configuration per latency budget."""
+    """Quality vs latency with the Pareto front (labelled points), and the decision per budget: the
+    SAME `Decision` object the headline renders (its table is built once, from it)."""
     latency_col = f"latency_{latency}_ms"
     front = pareto_front(agg, latency_col, metric, minimize_x=True, maximize_y=True)
+    reference = reference_of(df, decision)
     body = (
         note(
-            f"Each point is one configuration (mean over seeds). The Pareto front keeps the configurations "
-            f"that no other configuration beats on both {esc(metric)} (higher) and latency {esc(latency)} "
-            "(lower)."
+            f"Each point is one configuration (mean over seeds), labelled. The Pareto front keeps the "
+            f"configurations that no other configuration beats on both {esc(metric)} (higher) and latency "
+            f"{esc(latency)} (lower); axes are zoomed to the decoders compared (baselines are annotated, "
+            "not plotted to scale)."
         )
-        + figure(pareto_figure(agg, front, metric, latency_col, latency, df))
+        + figure(pareto_figure(agg, front, metric, latency_col, latency, df, reference, short_names(df)))
         + f"<h3>Pareto front ({len(front)} configurations)</h3>"
         + front_table(front, metric, latency_col, latency)
     )
-    budgets = list(budgets_ms) if budgets_ms else default_budgets(agg[latency_col])
-    table = best_per_budget(agg, latency_col, metric, budgets)
-    source = (
-        "given budgets"
-        if budgets_ms
-        else "budgets at the 10/25/50/75/100% quantiles of the observed latencies"
-    )
-    budget_body = note(
-        f"For each latency budget, the configuration with the best mean {esc(metric)} whose mean latency "
-        f"{esc(latency)} fits the budget ({esc(source)})."
-    ) + budget_table(table, metric, latency, agg)
-    return [
-        ("pareto", f"{metric} vs latency {latency}: Pareto front", body),
-        ("budgets", "Best configuration per latency budget", budget_body),
-    ]
+    sections = [("pareto", f"{metric} vs latency {latency}: Pareto front", body)]
+    if decision is not None:
+        budget_body = note(
+            "One row per point of the Pareto front (its latency is the budget): the configuration to "
+            "deploy is the cheapest whose quality is not significantly below the best within the budget."
+        ) + decision_table(decision)
+        sections.append(("budgets", "What to deploy per latency budget", budget_body))
+    return sections
+
+
+def plan_decision(df: pd.DataFrame, options: ReportOptions, context: PageContext):
+    """(decision, headline HTML): the one Decision both the headline and the budget section show."""
+    decision = decoder_decision(df, options, context.results_dir)
+    return decision, decoder_headline(df, options, decision) + context.headline
 
 
 def build_decoder_page(
@@ -146,19 +176,25 @@ def build_decoder_page(
     options: ReportOptions = ReportOptions(),
     context: PageContext = PageContext(),
 ) -> Path:
-    """Write the decoder page for result rows `df` (one experiment, or several) and return its path."""
+    """Write the decoder page for result rows `df` (one experiment, or several) and return its path:
+    the decision first, then the Pareto plot, the budget table, latency, and the per-width quality
+    panels folded under them."""
     agg = aggregate_over_seeds(df)
     qcols = quality_columns(agg)
     metric = resolve_metric(qcols, options.metric)
     latency_col = f"latency_{options.latency}_ms"
-    lines = build_lines(agg, options.x_param)
+    # baselines (the popular floor) are annotated, not drawn: a 0.15 ms line would set the axes
+    lines = [ln for ln in build_lines(agg, options.x_param) if ln.decoder not in BASELINES]
     figure = FigureWriter()
-    sections = curve_sections(df, agg, lines, options.x_param, figure)
+    decision, headline = plan_decision(df, replace(options, metric=metric), context)
+    context = replace(context, headline=headline)
+    sections = []
     if metric and latency_col in agg.columns and agg[latency_col].notna().any():
-        sections += tradeoff_sections(df, agg, metric, options.latency, options.budgets_ms, figure)
+        sections += tradeoff_sections(df, agg, metric, options.latency, decision, figure)
     else:
         missing = "quality metrics" if not qcols else esc(latency_col)
         sections.append(("pareto", "Quality vs latency", note(f"These rows have no {missing}.")))
+    sections += curve_sections(df, agg, lines, options.x_param, figure, decision)
     sections.append(
         (
             "configs",

@@ -15,7 +15,14 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from genrec.dashboards.analysis import PARAM_PREFIX, constant_value, format_value, is_missing, param_columns
+from genrec.dashboards.analysis import (
+    BASELINES,
+    PARAM_PREFIX,
+    constant_value,
+    format_value,
+    is_missing,
+    param_columns,
+)
 from genrec.dashboards.page import esc, plotly
 from genrec.dashboards.style import REFERENCE_COLOUR, axis, colour, describe, trace_styles
 from genrec.workloads.results import spread_columns
@@ -192,11 +199,13 @@ def metric_vs_x_figure(
     x_param: str,
     title: str,
     results: pd.DataFrame | None = None,
+    reference: Reference | None = None,
 ) -> go.Figure:
     """Small multiples (one cell per metric in `grid`): metric vs the x parameter, one trace per Line,
-    error bars = std over seeds; reference configurations are horizontal dotted lines. Axis titles
-    carry units (latency: the batch size of the result rows `results`), rates run on [0, 1], a decade
-    of x gets a log axis."""
+    error bars = std over seeds; configurations without the x parameter are horizontal dotted lines.
+    Axis titles carry units (latency: the batch size of the result rows `results`), quality axes are
+    zoomed to the drawn data (error bars included) with the `reference` configuration dashed, a decade
+    of x gets a log axis. Baselines (analysis.BASELINES) are left to the caller's annotation."""
     go, make_subplots = plotly()
     nrows, ncols = len(grid), max(len(r) for r in grid)
     titles = [
@@ -233,7 +242,10 @@ def metric_vs_x_figure(
             else:
                 xaxis = axis(x_param, all_x, discrete=True)
             fig.update_xaxes(row=r, col=c, **xaxis)
-            fig.update_yaxes(row=r, col=c, **axis(metric, agg[metric] if metric in agg else [], results))
+            drawn = pd.concat([ln.rows for ln in lines]) if lines else agg.iloc[:0]
+            yaxis = axis(metric, drawn_extent(drawn, metric), results, zoom=True)
+            fig.update_yaxes(row=r, col=c, **yaxis)
+            mark_reference(fig, agg, reference, metric, row=r, col=c)
         for c in range(len(metrics) + 1, ncols + 1):  # a shorter row's empty cells: no bare axes
             fig.update_xaxes(visible=False, row=r, col=c)
             fig.update_yaxes(visible=False, row=r, col=c)
@@ -241,7 +253,56 @@ def metric_vs_x_figure(
     return fig
 
 
-def _points_trace(go, rows: pd.DataFrame, decoder: str, metric: str, latency_col: str, latency_name: str):
+@dataclass(frozen=True)
+class Reference:
+    """The configuration the decision compares against: its key in the aggregated rows (`config`)
+    and the name the decision's sentences give it."""
+
+    config: str
+    name: str
+
+
+def drawn_extent(rows: pd.DataFrame, metric: str) -> list[float]:
+    """The values of `metric` with their error-bar ends: what a zoomed axis must show."""
+    if metric not in rows.columns or rows.empty:
+        return []
+    bars = error_bars(rows, metric)
+    vals = pd.to_numeric(rows[metric], errors="coerce").astype(float).tolist()
+    ends = [v + u for v, u in zip(vals, bars["array"])] + [v - d for v, d in zip(vals, bars["arrayminus"])]
+    return [v for v in vals + ends if v == v]
+
+
+def mark_reference(fig, agg: pd.DataFrame, reference: Reference | None, metric: str, **cell: int) -> None:
+    """A dashed horizontal line at the reference configuration's value, labelled."""
+    if reference is None or metric not in agg.columns:
+        return
+    hit = agg[agg["config"].astype(str) == reference.config]
+    if hit.empty or is_missing(hit[metric].iloc[0]):
+        return
+    fig.add_hline(
+        y=float(hit[metric].iloc[0]),
+        line=dict(color=REFERENCE_COLOUR, dash="dash", width=1),
+        annotation_text=f"reference {reference.name}",
+        annotation_position="bottom right",
+        annotation_font_size=10,
+        **cell,
+    )
+
+
+def baseline_note(agg: pd.DataFrame, metric: str, latency_col: str) -> str:
+    """'popular (baseline): recall@10 0.0123 at 0.15 ms' for the baselines left off the axes."""
+    rows = agg[agg["decoder"].astype(str).isin(BASELINES)]
+    parts = []
+    for _, r in rows.iterrows():
+        at = "" if is_missing(r.get(latency_col)) else f" at {float(r[latency_col]):.3g} ms"
+        value = "–" if is_missing(r.get(metric)) else f"{float(r[metric]):.4f}"
+        parts.append(f"{r['label']} (baseline): {metric} {value}{at}")
+    return "; ".join(parts)
+
+
+def _points_trace(
+    go, rows: pd.DataFrame, decoder: str, metric: str, latency_col: str, latency_name: str, names: dict
+):
     """One decoder's configurations as markers in its colour, error bars both ways (std over seeds)."""
     custom = [
         [
@@ -258,8 +319,11 @@ def _points_trace(go, rows: pd.DataFrame, decoder: str, metric: str, latency_col
     return go.Scatter(
         x=rows[latency_col].astype(float).tolist(),
         y=rows[metric].astype(float).tolist(),
-        mode="markers",
+        mode="markers+text",
         name=decoder,
+        text=[names.get(str(c), str(v)) for c, v in zip(rows["config"], rows["label"])],  # as the decision
+        textposition="top center",
+        textfont=dict(size=10),
         customdata=custom,
         marker=dict(color=colour(decoder), size=10, line=dict(width=0.5, color="white")),
         error_x=error_bars(rows, latency_col, thickness=1),
@@ -280,14 +344,23 @@ def pareto_figure(
     latency_col: str,
     latency_name: str,
     results: pd.DataFrame | None = None,
+    reference: Reference | None = None,
+    names: dict[str, str] | None = None,
 ) -> go.Figure:
-    """Quality vs latency for every configuration (coloured by decoder) with the Pareto front."""
+    """Quality vs latency for every configuration (coloured by decoder, labelled by `names`: config
+    key -> the decision's name) with the Pareto
+    front; axes zoomed to the decoders compared, the reference dashed, baselines (analysis.BASELINES)
+    an annotation that sets no axis range."""
     go, _ = plotly()
     fig = go.Figure()
     usable = agg[agg[metric].notna() & agg[latency_col].notna()]
+    baselines = baseline_note(usable, metric, latency_col)
+    compared = usable[~usable["decoder"].astype(str).isin(BASELINES)]
+    usable = compared if not compared.empty else usable
+    front = front[front["label"].isin(usable["label"])]
     for decoder in sorted(usable["decoder"].astype(str).unique()):
         rows = usable[usable["decoder"].astype(str) == decoder]
-        fig.add_trace(_points_trace(go, rows, decoder, metric, latency_col, latency_name))
+        fig.add_trace(_points_trace(go, rows, decoder, metric, latency_col, latency_name, names or {}))
     if not front.empty:
         fig.add_trace(
             go.Scatter(
@@ -303,9 +376,21 @@ def pareto_figure(
         )
     fig.update_layout(
         title=dict(text=f"{metric} vs latency {latency_name}: every configuration and the Pareto front"),
-        xaxis=axis(latency_col, usable[latency_col], results),
-        yaxis=axis(metric, usable[metric]),
-        height=520,
-        margin=dict(l=60, r=20, t=70),
+        xaxis=axis(latency_col, drawn_extent(usable, latency_col), results),
+        yaxis=axis(metric, drawn_extent(usable, metric), zoom=True),
+        height=560,
+        margin=dict(l=60, r=20, t=70, b=90 if baselines else 60),
     )
+    mark_reference(fig, usable, reference, metric)
+    if baselines:
+        fig.add_annotation(
+            text=f"not drawn to scale: {baselines}",
+            xref="paper",
+            yref="paper",
+            x=0,
+            y=-0.16,
+            showarrow=False,
+            align="left",
+            font=dict(size=11),
+        )
     return fig

@@ -362,7 +362,8 @@ def verdict_sentence(v: Verdict) -> str:
         )
     why = f" ({v.reason})" if v.reason else ""
     others = [c for c in v.within_noise if c != best]
-    tied = f"{best} and {len(others)} other(s) ({', '.join(others[:4])}{', …' if len(others) > 4 else ''})"
+    # every one named: a list cut with "..." hid the choice
+    tied = f"{best} and {len(others)} other(s) ({', '.join(others)})"
     return (
         f"{a.label} ({word} is better): no significant difference between {tied}{why}; "
         f"best median {describe(best_est, a)}."

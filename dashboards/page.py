@@ -91,8 +91,11 @@ def fmt_ms(value: object) -> str:
     return f"{v:.0f}" if v >= 100 else f"{v:.1f}" if v >= 10 else f"{v:.2f}" if v >= 1 else f"{v:.3f}"
 
 
-def params_text(row: pd.Series) -> str:
-    cols = [c for c in row.index if c.startswith(PARAM_PREFIX) and not is_missing(row[c])]
+def params_text(row: pd.Series, shown: Sequence[str] | None = None) -> str:
+    """'beam_width=10, k=10': the row's parameters, only those in `shown` when given (a table's
+    varying parameters: the rest is the same on every row and said once under the table)."""
+    names = row.index if shown is None else shown
+    cols = [c for c in names if c.startswith(PARAM_PREFIX) and not is_missing(row[c])]
     text = ", ".join(f"{c[len(PARAM_PREFIX) :]}={format_value(row[c])}" for c in sorted(cols))
     if row.get("setting"):
         text = f"{text} [{row['setting']}]" if text else f"[{row['setting']}]"
@@ -285,14 +288,15 @@ def write_page(
     nav = "".join(f'<a href="#{a}">{esc(h)}</a>' for a, h, _ in sections)
     body = "".join(f'<section id="{a}"><h2>{esc(h)}</h2>{b}</section>' for a, h, b in sections)
     script = plotlyjs_tag(out, embed_plotlyjs) if 'class="plotly-graph-div"' in body else ""
-    # headline.py's HTML comes in its own <div class="headline">; bare HTML gets one
+    # headline.py's HTML comes in its own <div class="headline">; bare HTML gets one. It comes right
+    # under the title, before the subtitle: the decision is the first thing a reader sees
     lead = headline if 'class="headline"' in headline[:120] else f'<div class="headline">{headline}</div>'
     lead = lead if headline else ""
     page = (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{esc(title)}</title><style>{CSS}</style>{script}</head><body><main>"
-        f'<h1>{esc(title)}</h1><p class="sub">{esc(subtitle)}</p>{lead}<nav>{nav}</nav>{body}'
+        f'<h1>{esc(title)}</h1>{lead}<p class="sub">{esc(subtitle)}</p><nav>{nav}</nav>{body}'
         "</main></body></html>\n"
     )
     return atomic_write_text(out, page)

@@ -14,7 +14,8 @@ from dataclasses import replace
 
 import pandas as pd
 
-from genrec.dashboards.analysis import PARAM_PREFIX, QUALITY_RE, default_budgets, format_value
+from genrec.dashboards.analysis import BASELINES, PARAM_PREFIX, QUALITY_RE, format_value
+from genrec.dashboards.decision import Decision, decide, render_decision
 from genrec.dashboards.headline import Axis, build_headline, config_estimates, render_headline
 from genrec.dashboards.page import ReportOptions
 
@@ -60,7 +61,6 @@ def at_largest_size(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     return picked, (f"at {', '.join(parts)} (the largest)" if parts else "")
 
 
-BASELINES = ("popular",)  # sanity floors: shown, never crowned
 UNCONSTRAINED = ("none", "all", "")
 
 
@@ -88,33 +88,48 @@ def side_notes(baselines: pd.DataFrame, narrowed: pd.DataFrame, quality: Axis | 
     return notes
 
 
-def decoder_headline(df: pd.DataFrame, options: ReportOptions) -> str:
+def decoder_axes(df: pd.DataFrame, options: ReportOptions) -> tuple[Axis | None, Axis]:
+    """(quality, latency) of the decoder page: the metric asked for, else the deepest recall@K."""
     from genrec.dashboards.analysis import quality_columns
 
     qcols = quality_columns(df)
     by_k = sorted(qcols, key=lambda c: int(QUALITY_RE.match(c)["k"]), reverse=True)
     metric = options.metric or next((c for c in by_k if c.startswith("recall")), by_k[0] if by_k else None)
-    latency_col = f"latency_{options.latency}_ms"
-    axes = []
-    quality = Axis(metric, True, "rate", metric) if metric else None
     sizes = sorted({int(b) for b in pd.to_numeric(df.get("batch_size", pd.Series(dtype=float))).dropna()})
     per = f"per batch of {sizes[0]} users" if len(sizes) == 1 else "per batch"
-    latency = Axis(latency_col, False, "timing", f"latency {options.latency} {per}", "ms")
-    axes += [quality] if quality else []
-    axes += [latency] if latency_col in df else []
-    if "invalid_rate" in df:
-        axes.append(Axis("invalid_rate", False, "rate", "invalid_rate"))
-    budget_axes = (quality, latency) if quality and latency_col in df else None
-    budgets: list[float] = []
-    if budget_axes:
-        medians = [e.value for _, e in config_estimates(split_decoder_rows(df)[0], latency)]
-        budgets = list(options.budgets_ms) if options.budgets_ms else default_budgets(medians)
+    latency = Axis(f"latency_{options.latency}_ms", False, "timing", f"latency {options.latency} {per}", "ms")
+    return (Axis(metric, True, "rate", metric) if metric else None), latency
+
+
+def compared_rows(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     compared, baselines, narrowed = split_decoder_rows(df)
     if compared.empty:
-        compared, baselines, narrowed = df, df.iloc[:0], df.iloc[:0]
-    head = build_headline(compared, axes, budget_axes, budgets)
-    head = replace(head, notes=side_notes(baselines, narrowed, quality))
-    return render_headline(head)
+        return df, df.iloc[:0], df.iloc[:0]
+    return compared, baselines, narrowed
+
+
+def decoder_decision(df: pd.DataFrame, options: ReportOptions, results_dir=None) -> Decision | None:
+    """The decision (dashboards/decision.py) the decoder page's headline and body both show."""
+    quality, latency = decoder_axes(df, options)
+    if quality is None or latency.column not in df or df.empty:
+        return None
+    return decide(compared_rows(df)[0], quality, latency, results_dir, options.budgets_ms)
+
+
+def decoder_headline(df: pd.DataFrame, options: ReportOptions, decision: Decision | None = None) -> str:
+    """The decision's sentences first, then the per-axis verdicts and the baselines (not ranked)."""
+    quality, latency = decoder_axes(df, options)
+    # a paired decision already says how quality compares; the unpaired per-axis verdict would
+    # contradict it (a difference significant paired is often within the unpaired noise)
+    axes = [quality] if quality and not (decision is not None and decision.paired) else []
+    axes += [latency] if latency.column in df else []
+    if "invalid_rate" in df:
+        axes.append(Axis("invalid_rate", False, "rate", "invalid_rate"))
+    compared, baselines, narrowed = compared_rows(df)
+    head = replace(build_headline(compared, axes), notes=side_notes(baselines, narrowed, quality))
+    lead = render_decision(decision) if decision is not None else ""
+    axes_html = render_headline(head).replace('<div class="headline">', '<div class="axes">', 1)
+    return '<div class="headline">' + lead + axes_html + "</div>"
 
 
 def benchmark_headline(df: pd.DataFrame, options: ReportOptions) -> str:

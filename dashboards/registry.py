@@ -150,7 +150,7 @@ def build_page(
     kind = PAGES[name]
     kinds = row_kinds(df)
     rows = df[kinds == name].reset_index(drop=True)
-    if not context.headline:
+    if not context.headline and name != "decoders":  # the decoder page builds its own from its decision
         context = replace(context, headline=page_headline(name, rows, options))
     warning = mixed_kinds_warning(experiment, df, kinds, name)
     if warning:

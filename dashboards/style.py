@@ -425,6 +425,22 @@ def rate_axis() -> dict:
     return {"range": [-0.02, 1.02], "tickmode": "array", "tickvals": [0, 0.2, 0.4, 0.6, 0.8, 1.0]}
 
 
+ZOOM_MARGIN = 0.08  # share of the data's span added on each side of a zoomed axis
+
+
+def zoom_range(values: Iterable[object], rate: bool = False) -> list[float] | None:
+    """[lo, hi] around the data (error-bar ends included by the caller) with ZOOM_MARGIN of the span
+    on each side, so differences of 0.0075 between decoders are visible; a rate stays within
+    [-0.02, 1.02]. None when there is nothing to zoom to."""
+    v = numbers(values)
+    if not v:
+        return None
+    lo, hi = min(v), max(v)
+    pad = max((hi - lo) * ZOOM_MARGIN, abs(hi) * 0.01, 1e-6)
+    lo, hi = lo - pad, hi + pad
+    return [max(lo, -0.02), min(hi, 1.02)] if rate else [lo, hi]
+
+
 def axis(
     column: str,
     values: Iterable[float] | None = None,
@@ -433,15 +449,20 @@ def axis(
     log: bool | None = None,
     discrete: bool = False,
     title: str | None = None,
+    zoom: bool = False,
 ) -> dict:
     """A layout axis for `column`: its title with unit, [0, 1] for a rate, a log axis with 1-2-5
     ticks when asked (log=True) or when `values` span a decade (log=None; never for rates), and tick
-    marks at the values themselves on a linear axis with few of them (discrete=True: beam widths)."""
+    marks at the values themselves on a linear axis with few of them (discrete=True: beam widths);
+    zoom=True puts a rate on its data's range plus margins instead of [0, 1] (`values` must then
+    include the error-bar ends)."""
     vals = [] if values is None else list(values)
     spec = describe(column)
     use_log = (not spec.rate and wants_log(vals)) if log is None else log
     out: dict = {"title": {"text": title or axis_title(column, rows, log=use_log)}}
-    if spec.rate and not use_log:
+    if spec.rate and not use_log and zoom and zoom_range(vals, True) is not None:
+        out.update(range=zoom_range(vals, True))  # decoder quality: zoomed to the differences
+    elif spec.rate and not use_log:
         out.update(rate_axis())
     elif use_log:
         out.update(log_axis(vals))

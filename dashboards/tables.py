@@ -5,8 +5,18 @@ from __future__ import annotations
 
 import pandas as pd
 
-from genrec.dashboards.analysis import format_value, is_missing
-from genrec.dashboards.page import fmt_mean_std, html_table, params_text
+from genrec.dashboards.analysis import format_value, is_missing, param_columns, varying_param_columns
+from genrec.dashboards.page import esc, fmt_mean_std, html_table, note, params_text
+
+
+def fixed_params_note(agg: pd.DataFrame) -> str:
+    """The parameters every configuration shares, said once (the tables show only those that vary)."""
+    varying = set(varying_param_columns(agg))
+    fixed = [c for c in param_columns(agg) if c not in varying and agg[c].notna().any()]
+    if not fixed:
+        return ""
+    text = ", ".join(f"{c.removeprefix('param_')}={format_value(agg[c].dropna().iloc[0])}" for c in fixed)
+    return note(f"Same on every configuration (not repeated in the tables): {esc(text)}.")
 
 
 def latency_cols(agg: pd.DataFrame) -> list[str]:
@@ -44,10 +54,11 @@ def budget_table(table: pd.DataFrame, metric: str, latency_name: str, agg: pd.Da
 
 def front_table(front: pd.DataFrame, metric: str, latency_col: str, latency_name: str) -> str:
     headers = ["decoder", "parameters", metric, f"latency {latency_name} (ms)", "seeds"]
+    shown = varying_param_columns(front)
     rows = [
         [
             r["decoder"],
-            params_text(r),
+            params_text(r, shown),
             fmt_mean_std(r[metric], r[f"{metric}_std"]),
             fmt_mean_std(r[latency_col], r[f"{latency_col}_std"], 2),
             int(r["n"]),
@@ -62,10 +73,11 @@ def configurations_table(agg: pd.DataFrame, qcols: list[str]) -> str:
     extra = [c for c in (*rates, *latency_cols(agg), "throughput_users_per_s") if c in agg.columns]
     headers = ["decoder", "parameters", "seeds", *qcols, *extra]
     rows = []
+    shown = varying_param_columns(agg)
     for _, r in agg.iterrows():
         cells: list[object] = [
             r["decoder"],
-            params_text(r),
+            params_text(r, shown),
             f"{int(r['n'])} ({r['seeds']})" if r["seeds"] else int(r["n"]),
         ]
         cells += [fmt_mean_std(r[c], r[f"{c}_std"]) for c in qcols]
@@ -73,4 +85,4 @@ def configurations_table(agg: pd.DataFrame, qcols: list[str]) -> str:
             digits = 4 if c in rates else 2 if c.startswith("latency_") else 1
             cells.append(fmt_mean_std(r[c], r[f"{c}_std"], digits))
         rows.append(cells)
-    return html_table(headers, rows, "configs")
+    return html_table(headers, rows, "configs") + fixed_params_note(agg)

@@ -70,6 +70,7 @@ __all__ = [  # this module's own names, and the row mapping and run naming it re
 NAMING_TAG = "genrec.run_naming"  # on the sweep run: which values name its trials (RunNaming as JSON)
 PARENT_TAG = "mlflow.parentRunId"  # MLflow's nesting: the UI lists a trial under its sweep run
 NOTE_TAG = "mlflow.note.content"  # MLflow's description (markdown) of an experiment or a run
+DECISION_TAG = "genrec.decision"  # the report's deployment decision, opening the sweep run's description
 # MLflow 3 UIs that read it open an experiment of this kind on its runs table, not on the GenAI
 # "Overview"; 3.17's UI follows its per-browser GenAI / Model training switch instead (docs/mlflow.md)
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
@@ -367,6 +368,8 @@ class MlflowStore:
         if best is not None and metric:
             all_tags.update(self._best_tags(best, metric))
             all_metrics[f"best_{mlflow_name(metric)}"] = float(best[metric])
+        if all_tags.get(DECISION_TAG):  # the run's description opens with the report's decision
+            all_tags[NOTE_TAG] = all_tags[DECISION_TAG] + "\n\n" + all_tags.get(NOTE_TAG, "")
         return all_metrics, all_tags
 
     def _log_params_once(self, rid: str, params: dict[str, str]) -> None:

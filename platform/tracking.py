@@ -68,9 +68,12 @@ def write_result_row(results_dir: str | os.PathLike, row: ResultRow | dict) -> P
 
 def delete_rows(results_dir: str | os.PathLike, experiment: str) -> int:
     """Remove every row of an experiment (`genrec sweep --overwrite`); returns how many."""
+    from genrec.workloads.per_user import delete_per_user
+
     files = list(experiment_dir(results_dir, experiment).glob("*.parquet"))
     for f in files:
         f.unlink()
+    delete_per_user(results_dir, experiment)  # the rows' per-user outcomes go with them
     return len(files)
 
 

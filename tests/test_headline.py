@@ -136,9 +136,13 @@ def test_the_sweep_summary_crowns_by_the_same_rule():
     clear = [row("beam", 10, 0.30, 10.0), row("beam", 40, 0.45, 40.0), row("nezha", 10, 0.29, 4.0)]
     best = best_configuration(clear, "recall@10", "max")
     assert best["decoder"] == "beam" and best["beam_width"] == 40 and best["significant"]
-    tied = [row("beam", 10, 0.300, 10.0), row("beam", 12, 0.305, 10.0)]
+    # a tie within noise: the cheaper configuration is the best, marked as a tie (the report's rule)
+    tied = [row("beam", 10, 0.300, 5.0, 4.9, 5.1), row("beam", 12, 0.305, 10.0, 9.9, 10.1)]
     best = best_configuration(tied, "recall@10", "max")
-    assert best["beam_width"] == 12 and not best["significant"] and best["tied_with"] == 1
+    assert best["beam_width"] == 10 and not best["significant"] and "tie" in best
+    assert "(unpaired), not significant" in best["decision"]  # these rows have no per-user outcomes
+    same_cost = [row("beam", 10, 0.300, 10.0), row("beam", 12, 0.305, 10.0)]
+    assert best_configuration(same_cost, "recall@10", "max")["beam_width"] == 12
 
 
 @pytest.mark.parametrize(

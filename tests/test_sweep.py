@@ -54,6 +54,11 @@ def test_sweep_writes_one_row_and_one_mlflow_run_per_trial(small_sweep):
     assert df["run_id"].is_unique and all(df["run_id"].str.startswith("bw_small-"))
     assert (df["users"] == 60).all() and (df["trial_wall_s"] > 0).all()
     assert (df["experiment"] == "bw_small").all() and (df["threads"] == 1).all()
+    from genrec.workloads.per_user import read_per_user
+
+    for run_id in df["run_id"]:  # every trial's per-user outcomes beside its row, on the same users
+        users = read_per_user(results, "bw_small", run_id)
+        assert users is not None and len(users) == 60
 
     runs = trial_runs(results, "bw_small")
     assert sorted(r.data.tags[RUN_ID_TAG] for r in runs) == sorted(df["run_id"])
@@ -89,6 +94,10 @@ def test_sweep_summary_run_and_refusal_to_mix_sweeps(small_sweep, capsys):
         assert r.info.end_time - r.info.start_time == pytest.approx(row["trial_wall_s"] * 1000, abs=1)
     best = {r.info.run_id: r for r in runs}[sweep_run.data.tags["best.mlflow_run_id"]]
     assert sweep_run.data.tags["best.run_name"] == best.info.run_name
+    # the run's description opens with the report's decision, and its best trial is the one deployed
+    decision = sweep_run.data.tags["genrec.decision"]
+    assert sweep_run.data.tags["mlflow.note.content"].startswith(decision) and decision.startswith("Within ")
+    assert f"deploy beam({best.info.run_name})" in decision, decision
     assert [a.path for a in client.list_artifacts(sweep_run.info.run_id)] == [path.name]
     before = sorted(read_results(results, "bw_small")["run_id"])
     assert run_cli(["sweep", str(path)]) == 2  # a second fresh sweep would mix with the first
@@ -107,6 +116,11 @@ def test_runs_command_shows_the_parquet_rows(small_sweep, capsys):
     assert run_cli(argv) == 0
     table = capsys.readouterr().out
     assert all(run_id in table for run_id in df["run_id"]) and "recall@10" in table
+    header = table.splitlines()[0].split()
+    assert [c for c in header if c.startswith("param_")] == ["param_beam_width"]  # only what varies
+    assert run_cli([*argv, "--all-params"]) == 0
+    wide = capsys.readouterr().out.splitlines()[0].split()
+    assert len([c for c in wide if c.startswith("param_")]) > 1
     assert run_cli([*argv, "--where", "param_beam_width >= 20", "--format", "csv"]) == 0
     assert len(capsys.readouterr().out.strip().splitlines()) == 1 + 2
     assert run_cli([*argv, "--where", "`recall@10` >", "--format", "csv"]) == 2

@@ -136,6 +136,22 @@ def test_eval_rows_keep_their_mapping():
     assert "draft" not in mparams  # empty: no draft model
     assert tags["device"] == "cpu" and tags["trial_started_at"] == str(STARTED)
     assert tags["mlflow.source.git.commit"] == "abc123" and tags[KIND_TAG] == "trial"
+    assert next(iter(metrics)) == "recall_at_10"  # quality first: MLflow's tables open on it
+    assert list(metrics).index("recall_at_10") < list(metrics).index("trial_wall_s")
+
+
+def test_the_sweep_runs_description_opens_with_the_decision(mlflow_root):
+    from genrec.platform.mlflow_store import DECISION_TAG, NOTE_TAG
+
+    s = store(mlflow_root, "decided")
+    parent = s.open_sweep(RunNaming({"beam": ("beam_width",)}))
+    rows = [trial_row("decided", f"decided-{w}", w, r) for w, r in ((10, 0.61), (20, 0.62))]
+    for row in rows:
+        s.log_row(row)
+    decision = "Within 10.0 ms: deploy beam(beam_width=10): the reference, recall@10 0.6100."
+    s.log_sweep({}, {}, [], tags={DECISION_TAG: decision}, best=rows[0], metric="recall@10")
+    note = s.client.get_run(parent).data.tags[NOTE_TAG]
+    assert note.startswith(decision) and "Best trial by recall@10" in note
 
 
 # ---- the sweep: a parent run with its trials nested under it ----------------------------------------

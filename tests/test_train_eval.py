@@ -83,6 +83,10 @@ def test_cli_train_and_eval(synth_dir, tmp_path, capsys):
     assert code == 0
     text = capsys.readouterr().out
     assert "hr@5" in text and "popular" in text
+    header = next(line for line in text.splitlines() if line.startswith("decoder "))
+    assert header.index("recall@1") < header.index("hr@1") < header.index("p50 ms")  # quality first
+    assert "beam_width=5" in text and "constraint=" not in text  # only what differs from the defaults
+    assert len(max(text.splitlines(), key=len)) < 200
     lines = [json.loads(line) for line in rows.read_text().splitlines()]
     assert [r["decoder"] for r in lines] == ["beam", "popular"] and lines[0]["decoder_params"][
         "beam_width"

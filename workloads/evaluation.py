@@ -66,6 +66,16 @@ class EvalOutput:
     ranked: list[list[int]]  # item ids per user, best first (-1 = invalid SID)
     targets: list[list[int]]
     user_ids: list[int]
+    batch_size: int = 1
+    batch_latency_ms: list[float] = field(default_factory=list)  # the first timed pass, per decode call
+
+    def per_user(self):
+        """The per-user outcomes (genrec.workloads.per_user) as an Arrow table."""
+        from genrec.workloads.per_user import per_user_table
+
+        return per_user_table(
+            self.user_ids, self.ranked, self.targets, self.batch_size, self.batch_latency_ms
+        )
 
 
 def load_context(
@@ -189,7 +199,8 @@ def evaluate(
         seed=cfg.seed,
         experiment=cfg.experiment,
     )
-    return EvalOutput(row, ranked, targets, [ex.user_id for ex in examples])
+    user_ids = [ex.user_id for ex in examples]
+    return EvalOutput(row, ranked, targets, user_ids, cfg.batch_size, list(first.latencies))
 
 
 @dataclass
@@ -254,14 +265,28 @@ def latency_over_passes(passes: list[list[float]]) -> dict[str, float]:
     return out
 
 
-def format_table(rows: list[ResultRow], ks: tuple[int, ...]) -> str:
-    """A plain-text table of quality and latency, one line per result row."""
+def shown_params(row: ResultRow, all_params: bool = False) -> dict[str, Any]:
+    """The parameters a table shows for a row: those set away from the decoder's defaults (what the
+    user chose, or eval derived from --k), or every one with all_params."""
+    if all_params:
+        return dict(row.decoder_params)
+    try:
+        defaults = {f.name: f.default for f in fields(get_decoder(row.decoder).Params)}
+    except Exception:  # noqa: BLE001 - an unregistered decoder: show everything
+        return dict(row.decoder_params)
+    return {k: v for k, v in row.decoder_params.items() if k not in defaults or defaults[k] != v}
+
+
+def format_table(rows: list[ResultRow], ks: tuple[int, ...], all_params: bool = False) -> str:
+    """A plain-text table, one line per result row: quality first (recall, hr, ndcg at each K), the
+    invalid and missing shares, latency; parameters only where they differ from the defaults
+    (all_params: all)."""
     rates = ["invalid_rate", "missing_rate"]
-    metric_cols = [f"{m}@{k}" for k in ks for m in ("hr", "ndcg", "recall")] + rates
+    metric_cols = [f"{m}@{k}" for m in ("recall", "hr", "ndcg") for k in ks] + rates
     header = ["decoder", "params", *metric_cols, "p50 ms", "p99 ms", "users/s"]
     lines = []
     for r in rows:
-        params = ",".join(f"{k}={v}" for k, v in r.decoder_params.items())
+        params = ",".join(f"{k}={v}" for k, v in shown_params(r, all_params).items()) or "defaults"
         lines.append(
             [r.decoder, params]
             + [f"{r.quality.get(c, float('nan')):.4f}" for c in metric_cols]

@@ -206,6 +206,9 @@ def eval_command(
         Path | None, typer.Option(help="Write the result rows as JSON lines to this file.")
     ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
+    all_params: Annotated[
+        bool, typer.Option("--all-params", help="Show every decoder parameter, not only those set.")
+    ] = False,
 ) -> None:
     """Decode a split with a registered decoder and print HR/NDCG/Recall@K, invalid rate and latency."""
     from genrec.workloads.evaluation import EvalConfig, evaluate, load_context, model_label
@@ -213,6 +216,9 @@ def eval_command(
     check_eval_options(beam_width, k, batch_size, max_users, threads, repeats, decoder, draft, device)
     ks = tuple(sorted(set(k or [5, 10])))
     runs = decoder_runs(decoder, param, beam_width, baseline, ks)
+    from genrec.platform.decoder_needs import check_decoder_fits
+
+    check_decoder_fits(decoder, model, draft is not None)  # e.g. beam on a NEZHA checkpoint: one line
     ctx, ds, _ = load_context(model, data, device, draft_dir=draft)
     draft_name = model_label(draft) if draft is not None else ""
     rows = []
@@ -229,7 +235,7 @@ def eval_command(
             repeats=repeats,
         )
         rows.append(evaluate(ctx, ds, cfg, model_label(model), progress=not quiet, draft_name=draft_name).row)
-    print_eval_results(rows, ks, ds, split, model, draft, draft_name)
+    print_eval_results(rows, ks, ds, split, model, draft, draft_name, all_params)
     if output:
         write_eval_rows(output, rows)
 
@@ -281,7 +287,14 @@ def decoder_runs(
 
 
 def print_eval_results(
-    rows: list, ks: tuple[int, ...], ds, split: str, model: Path, draft: Path | None, draft_name: str
+    rows: list,
+    ks: tuple[int, ...],
+    ds,
+    split: str,
+    model: Path,
+    draft: Path | None,
+    draft_name: str,
+    all_params: bool = False,
 ) -> None:
     from genrec.workloads.evaluation import format_table, model_label
 
@@ -291,7 +304,7 @@ def print_eval_results(
         f"{ds.manifest.name} / {split}: {head.users} users, model {model_label(model)}{drafted}, "
         f"{head.env.device}"
     )
-    typer.echo(format_table(rows, ks))
+    typer.echo(format_table(rows, ks, all_params))
 
 
 def write_eval_rows(output: Path, rows: list) -> None:
@@ -303,14 +316,18 @@ def write_eval_rows(output: Path, rows: list) -> None:
 
 
 def decoders_command() -> None:
-    """List registered decoders with their parameters (name: type = default); set them with --param."""
+    """List registered decoders: what each does, what it needs from a checkpoint, and its parameters
+    (name: type = default; set them with --param)."""
+    from genrec.platform.decoder_needs import decoder_needs
     from genrec.platform.params import describe_parameters
-    from genrec.workloads.decoding.base import decoder_names, decoder_needs
+    from genrec.workloads.decoding.base import decoder_names
 
     for name in decoder_names():
+        needs = decoder_needs(name)
         params = ", ".join(f"{p.name}: {p.type} = {p.default!r}" for p in describe_parameters(name))
-        flags = [need.flag for need in decoder_needs(name) if need.flag]  # inputs the command line gives
-        typer.echo(f"{name:10s} {params}" + (f"  (needs {', '.join(flags)})" if flags else ""))
+        typer.echo(f"{name}: {needs.what}")
+        typer.echo(f"    needs: {needs.needs_text()}")
+        typer.echo(f"    params: {params or '(none)'}")
 
 
 def register(app: typer.Typer) -> None:

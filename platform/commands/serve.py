@@ -89,9 +89,30 @@ def serve_command(
         args["defaults"] = served_defaults(args, overrides["decoders"])
     cfg = serve_config_from(args, overrides)
     http = http_settings(file, host, port, ingress)
+    check_decoders_fit(cfg)  # eval's one line, in well under a second: before anything loads
+    check_port_free(http.host, http.port)  # never share a port with another server (both ingresses)
     print_starting(cfg)
     check_before_start(cfg, http, ray_address)  # bad files, device or ingress: exit 2 before Ray starts
     serve_until_stopped(cfg, http, ray_address, num_cpus)
+
+
+def check_decoders_fit(cfg) -> None:
+    """Every decoder served against the checkpoint's config.json (head kind) and the draft option."""
+    from genrec.platform.decoder_needs import check_decoder_fits
+
+    for name in cfg.decoders:
+        check_decoder_fits(name, cfg.model, cfg.draft is not None, how_draft="--draft DIR (or args.draft)")
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Bind the HTTP port once, here, before Ray, HAProxy or Serve's proxy could bind it: a port that
+    another process listens on is exit 2 naming that process (Serve's proxy would otherwise share it
+    through SO_REUSEPORT and split the requests between two different apps)."""
+    from genrec.platform.port_owner import port_in_use_message
+
+    message = port_in_use_message(host, port)
+    if message:
+        raise UserInputError(message)
 
 
 def check_serve_options(

@@ -161,6 +161,17 @@ def select_columns(columns: list[str], wanted: list[str], strict: bool = True) -
     return out
 
 
+def compact_columns(df, all_params: bool = False):
+    """The default table: parameter columns that take one value on every row shown are left out
+    (unless all_params), and so are columns empty on every row."""
+    from genrec.dashboards.analysis import param_columns, varying_param_columns
+
+    varying = set(varying_param_columns(df))
+    drop = [c for c in param_columns(df) if c not in varying and not all_params]
+    drop += [c for c in df.columns if c not in drop and df[c].isna().all()]
+    return df.drop(columns=drop)
+
+
 def runs_command(
     experiment: Annotated[str | None, typer.Option(help="Only this experiment's rows.")] = None,
     decoder: Annotated[str | None, typer.Option(help="Only rows of this decoder.")] = None,
@@ -178,8 +189,12 @@ def runs_command(
     sort: Annotated[str | None, typer.Option(help="Sort by this column (prefix '-' for descending).")] = None,
     results_dir: Annotated[Path, typer.Option(help="Results folder.")] = Path("runs/results"),
     fmt: Annotated[str, typer.Option("--format", help="table, csv or json (one object per line).")] = "table",
+    all_params: Annotated[
+        bool, typer.Option("--all-params", help="Every param_* column, not only those that vary.")
+    ] = False,
 ) -> None:
-    """List result rows from the Parquet store, filtered with pandas."""
+    """List result rows from the Parquet store, filtered with pandas (by default: the parameters that
+    vary, quality, latency; --columns all for every column)."""
     from genrec.platform.commands.common import check_folder
     from genrec.workloads.results_store import list_experiments, read_results
 
@@ -215,6 +230,8 @@ def runs_command(
     wanted = [c.strip() for c in columns.split(",")] if columns else list(DEFAULT_COLUMNS)
     if wanted != ["all"]:
         df = df[select_columns(list(df.columns), wanted, strict=columns is not None)]
+    if columns is None:
+        df = compact_columns(df, all_params)
     if fmt == "csv":
         typer.echo(df.to_csv(index=False), nl=False)
     elif fmt == "json":

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from genrec.platform.experiment import ExperimentConfig
-from genrec.platform.mlflow_store import MlflowStore, best_trial_row
+from genrec.platform.mlflow_store import DECISION_TAG, MlflowStore, best_trial_row
 from genrec.platform.sweep.callbacks import run_naming
 from genrec.platform.sweep.interrupt import SweepInterrupted
 from genrec.platform.sweep.ray_start import TrialResources
@@ -92,10 +92,14 @@ def log_parent_run(
     """Finish the sweep's run: its metrics and params, the best trial's row, the experiment file and
     (when built) the self-contained report."""
     report = summary.report
+    verdict_keys = ("latency_p50_ms", "significant", "tie", "tied_with", "decision")
+    chosen = {k: v for k, v in summary.best.items() if k not in verdict_keys}  # the configuration only
+    decision = str(summary.best.get("decision") or "")
     store.log_sweep(
         metrics=parent_run_metrics(summary),
         params=parent_run_params(cfg, summary, resources),
         artifacts=[p for p in (cfg.source, report and standalone_report(cfg)) if p is not None],
-        best=best_trial_row(list(rows.values()), cfg.metric, cfg.mode, summary.best),
+        tags={DECISION_TAG: decision} if decision else None,
+        best=best_trial_row(list(rows.values()), cfg.metric, cfg.mode, chosen),
         metric=cfg.metric,
     )

@@ -57,7 +57,9 @@ class SweepSummary:
             "(sum of trial wall times / (sweep wall time x concurrent slots))",
         ]
         if self.best:
-            out.append(f"best: {self.best}")
+            out.append(f"best: { {k: v for k, v in self.best.items() if k != 'decision'} }")
+            if self.best.get("decision"):
+                out.append(f"decision: {self.best['decision']}")
         if self.parquet_dir:
             from genrec.platform.commands.common import command_hint, results_dir_args
 
@@ -107,34 +109,79 @@ def collect_results(
         else:
             summary.trials_reused += 1
     if rows:
-        summary.best = best_configuration(list(rows.values()), cfg.metric, cfg.mode)
+        summary.best = best_configuration(list(rows.values()), cfg.metric, cfg.mode, cfg.results_dir)
     summary.parquet_dir = parquet_root(cfg.results_dir) / f"experiment={cfg.name}"
     return rows
 
 
-def best_configuration(rows: list[dict], metric: str, mode: str) -> dict[str, Any]:
-    """The sweep's best configuration by the reports' rule (genrec.dashboards.headline): the best
-    median over seeds and repeats, crowned only when it beats the runner-up by more than their
-    combined uncertainty; otherwise `significant` is False and `tied_with` counts the others."""
+def best_configuration(
+    rows: list[dict], metric: str, mode: str, results_dir: Path | None = None
+) -> dict[str, Any]:
+    """The sweep's best configuration by the reports' rule. On a quality metric with latencies, the
+    deployment decision of the report (genrec.dashboards.decision, paired on the per-user outcomes in
+    `results_dir`): the cheapest configuration not significantly below the best, marked `tie` when
+    it is not the best itself, with `decision`, the report's sentence. Otherwise the best median,
+    crowned only when it beats the runner-up by more than their combined uncertainty."""
     import pandas as pd
 
     from genrec.dashboards.analysis import QUALITY_RE
-    from genrec.dashboards.headline import Axis, config_label_series, varying_params, verdict
 
     df = pd.DataFrame(rows)
+    if QUALITY_RE.match(metric) and mode == "max" and "latency_p50_ms" in df and "decoder" in df:
+        found = decided_best(df, metric, results_dir)
+        if found:
+            return found
+    return verdict_best(df, metric, mode)
+
+
+def config_fields(df, label: str, labels) -> dict[str, Any]:
+    """decoder, the parameters that set the configuration apart, and its first seed."""
+    import pandas as pd
+
+    from genrec.dashboards.headline import varying_params
+
+    row = df[labels == label].iloc[0]
+    out: dict[str, Any] = {}
+    if df["decoder"].nunique() > 1:
+        out["decoder"] = row["decoder"]
+    shown = varying_params(df[df["decoder"] == row["decoder"]])  # what sets it apart, not every default
+    params = json.loads(row.get("decoder_params") or "{}")
+    out.update({c.removeprefix("param_"): params.get(c.removeprefix("param_")) for c in shown})
+    out["seed"] = None if pd.isna(row.get("seed")) else int(row["seed"])
+    return out
+
+
+def decided_best(df, metric: str, results_dir: Path | None) -> dict[str, Any]:
+    from genrec.dashboards.decision import choice_sentence, decide
+    from genrec.dashboards.headline import Axis, config_label_series
+    from genrec.dashboards.page_headlines import compared_rows
+
+    compared = compared_rows(df)[0]
+    latency = Axis("latency_p50_ms", False, "timing", "latency p50", "ms")
+    dec = decide(compared, Axis(metric, True, "rate", metric), latency, results_dir)
+    if dec is None or dec.best is None:
+        return {}
+    c = dec.best
+    best: dict[str, Any] = {metric: round(c.quality, 4), "latency_p50_ms": round(c.latency.value, 3)}
+    best.update(config_fields(compared, c.deploy, config_label_series(compared)))
+    best["significant"] = not c.tie and len(dec.choices) > 0
+    if c.tie:
+        best["tie"] = f"cheapest of those not significantly below {c.best}"
+    best["decision"] = choice_sentence(dec, c)
+    return best
+
+
+def verdict_best(df, metric: str, mode: str) -> dict[str, Any]:
+    from genrec.dashboards.analysis import QUALITY_RE
+    from genrec.dashboards.headline import Axis, config_label_series, verdict
+
     rate = bool(QUALITY_RE.match(metric)) or metric.endswith("_rate")
     found = verdict(df, Axis(metric, mode == "max", "rate" if rate else "timing"))
     if found is None:
         return {}
     label, est = found.ranked[0]
-    row = df[config_label_series(df) == label].iloc[0]
     best: dict[str, Any] = {metric: round(est.value, 4)}
-    if df["decoder"].nunique() > 1:
-        best["decoder"] = row["decoder"]
-    shown = varying_params(df[df["decoder"] == row["decoder"]])  # what sets it apart, not every default
-    params = json.loads(row.get("decoder_params") or "{}")
-    best.update({c.removeprefix("param_"): params.get(c.removeprefix("param_")) for c in shown})
-    best["seed"] = None if pd.isna(row.get("seed")) else int(row["seed"])
+    best.update(config_fields(df, label, config_label_series(df)))
     best["significant"] = found.significant
     if not found.significant and len(found.ranked) > 1:
         best["tied_with"] = len(found.within_noise) - 1

@@ -99,6 +99,7 @@ def run_trial(config: dict) -> None:
     import torch
 
     from genrec.workloads.evaluation import EvalConfig, evaluate, model_label
+    from genrec.workloads.per_user import write_per_user
 
     spec, point = trial.spec.for_trial(config)  # a multi-decoder experiment: the trial's arm
     params = spec.decoder_params(point)  # typed like `genrec eval --param`
@@ -122,10 +123,12 @@ def run_trial(config: dict) -> None:
         repeats=spec.repeats,
     )
     draft_name = model_label(spec.draft) if spec.draft else ""
-    row = evaluate(
-        host.context, host.ds, cfg, model_label(spec.model), progress=False, draft_name=draft_name
-    ).row
+    out = evaluate(host.context, host.ds, cfg, model_label(spec.model), progress=False, draft_name=draft_name)
+    row = out.row
     row.run_id = trial.run_id
+    # per-user outcomes beside the row (written first: a stored row always has its users), so the
+    # report can compare two configurations paired on the same users
+    write_per_user(spec.results_dir, spec.experiment, trial.run_id, out.per_user())
     flat = row.to_flat()
     flat["trial_load_s"] = load_s
     trial.report(flat)

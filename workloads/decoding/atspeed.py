@@ -291,6 +291,9 @@ def verify(
 
 class AtSpeedStrict(RegisteredDecoder):
     name: ClassVar[str] = "atspeed_strict"
+    description: ClassVar[str] = (
+        "speculative beam search, draft verified by strict top-K: same output as beam (AtSpeed)"
+    )
     Params: ClassVar[type] = AtSpeedParams
     needs: ClassVar[tuple[Need, ...]] = (DRAFT_MODEL,)
 
@@ -300,6 +303,9 @@ class AtSpeedStrict(RegisteredDecoder):
 
 class AtSpeedRelaxed(RegisteredDecoder):
     name: ClassVar[str] = "atspeed_relaxed"
+    description: ClassVar[str] = (
+        "speculative beam search with relaxed sampling verification: faster, not identical (AtSpeed)"
+    )
     Params: ClassVar[type] = AtSpeedParams
     needs: ClassVar[tuple[Need, ...]] = (DRAFT_MODEL,)
 

@@ -170,6 +170,10 @@ class RegisteredDecoder:
     name: ClassVar[str]
     Params: ClassVar[type[DecoderParams]]
     needs: ClassVar[tuple[Need, ...]] = ()
+    description: ClassVar[str] = ""  # one line for `genrec decoders`
+    # whether it reads the backbone's next-token logits (a checkpoint trained only for a draft head has
+    # an untrained next-token head, so such a decoder cannot run on it)
+    reads_backbone: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

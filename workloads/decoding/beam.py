@@ -31,6 +31,9 @@ class BeamSampleParams(BeamParams):
 
 class BeamSearch(BeamTemplate):
     name: ClassVar[str] = "beam"
+    description: ClassVar[str] = (
+        "beam search over SID tokens, the reference decoder (exact top-K of the beam)"
+    )
     Params: ClassVar[type] = BeamParams
 
 
@@ -38,6 +41,7 @@ class BeamSample(BeamSearch):
     """Sampling beam search: the template with a Gumbel selector seeded `params.seed`."""
 
     name: ClassVar[str] = "beam_sample"
+    description: ClassVar[str] = "beam search with Gumbel sampling of the kept beams (diverse top-K)"
     Params: ClassVar[type] = BeamSampleParams
 
     def selector(self, ctx: DecoderContext, params: BeamSampleParams, lent: Any) -> BeamSelector:

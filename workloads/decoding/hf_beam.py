@@ -279,6 +279,7 @@ def hf_generate_search(ctx: DecoderContext, histories: list[list[int]], params: 
 
 class HFBeamDecoder(RegisteredDecoder):
     name: ClassVar[str] = "hf_beam"
+    description: ClassVar[str] = "Hugging Face generate() beam search on the same model (a cross-check)"
     Params: ClassVar[type] = HFBeamParams
 
     def run(self, ctx: DecoderContext, histories: list[list[int]], params: HFBeamParams) -> DecodeResult:

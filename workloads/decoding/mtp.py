@@ -16,6 +16,8 @@ from genrec.workloads.decoding.nezha import NezhaParams, decode_with_head
 
 class MTPDecoder(RegisteredDecoder):
     name: ClassVar[str] = "mtp"
+    description: ClassVar[str] = "multi-token prediction: L parallel heads on the last history state"
+    reads_backbone: ClassVar[bool] = False  # its own head (or none), not next-token logits
     Params: ClassVar[type] = NezhaParams
     needs: ClassVar[tuple[Need, ...]] = (MTP_HEAD,)
 

@@ -225,6 +225,11 @@ def decode_with_head(ctx: DecoderContext, histories: list[list[int]], params: Ne
 
 class NezhaDecoder(RegisteredDecoder):
     name: ClassVar[str] = "nezha"
+    description: ClassVar[str] = (
+        "self-drafting: placeholder states + a draft head beam-search the SID in one "
+        "prefill, valid-SID hash filter (NEZHA)"
+    )
+    reads_backbone: ClassVar[bool] = False  # its own head (or none), not next-token logits
     Params: ClassVar[type] = NezhaParams
     needs: ClassVar[tuple[Need, ...]] = (NEZHA_HEAD,)
 

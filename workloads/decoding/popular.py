@@ -23,6 +23,8 @@ class PopularParams(DecoderParams):
 
 class MostPopular(RegisteredDecoder):
     name: ClassVar[str] = "popular"
+    description: ClassVar[str] = "the most popular training items for everyone (a baseline floor)"
+    reads_backbone: ClassVar[bool] = False  # its own head (or none), not next-token logits
     Params: ClassVar[type] = PopularParams
     needs: ClassVar[tuple[Need, ...]] = (POPULARITY,)
 

@@ -53,6 +53,7 @@ class StaticDecoder(BeamTemplate):
     once per context)."""
 
     name: ClassVar[str] = "static"
+    description: ClassVar[str] = "beam search masked by a CSR transition matrix of allowed SIDs (STATIC)"
     Params: ClassVar[type] = StaticParams
 
     def mask(self, ctx: DecoderContext, params: StaticParams) -> MaskBackend:

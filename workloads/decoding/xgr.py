@@ -120,6 +120,7 @@ class XgrDecoder(BeamTemplate):
     buffers lent per (batch, BW, model) shape (see the module doc)."""
 
     name: ClassVar[str] = "xgr"
+    description: ClassVar[str] = "beam search with a shared prompt cache and staged attention (xGR)"
     Params: ClassVar[type] = XgrParams
 
     @contextmanager
