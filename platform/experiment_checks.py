@@ -60,7 +60,7 @@ def validate_decoder_experiment(cfg: ExperimentConfig, check_files: bool) -> Non
     every combination of the search space through the decoder's Params, the metric, the input files."""
     from genrec.workloads.decoding.base import decoder_names
 
-    check_draft_given(cfg)  # judged by name, so it needs no registry
+    check_draft_given(cfg)  # read from the decoder class; an unknown name is reported next
     if cfg.decoder not in decoder_names():
         raise UserInputError(f"`decoder`: unknown decoder {cfg.decoder!r}; choose one of {decoder_names()}")
     _check_numbers(cfg)

@@ -2,8 +2,8 @@
 `genrec eval --draft`, an experiment's `draft:`, Serve's `draft:` / `genrec serve --draft`; a draft
 that does not fit its target is refused with a message naming both. No Ray here.
 
-Until the atspeed_* decoders are registered, the plumbing is exercised with `beam` plus a draft (the
-draft is loaded and recorded, not read) and with the atspeed names, which are judged by name."""
+The plumbing is exercised with `beam` plus a draft (the draft is loaded and recorded, not read) and with
+the atspeed decoders, which declare the draft they need on their class (decoding/needs.py)."""
 
 from __future__ import annotations
 

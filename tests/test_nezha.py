@@ -10,12 +10,10 @@ from conftest import run_cli
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from genrec.workloads.decoding import mtp as _mtp  # noqa: F401  (registers the decoders)
-from genrec.workloads.decoding.base import DecoderContext, ItemIndex
+from genrec.workloads.decoding.base import DecoderContext, ItemIndex, get_decoder
 from genrec.workloads.decoding.nezha import (
     NezhaParams,
     PythonSetVerifier,
-    decode_with_head,
     head_beam_search,
     reference_decode,
 )
@@ -318,15 +316,18 @@ def test_nezha_decoder_returns_valid_items_with_phase_timings(nezha_model_dir, s
     ds = load_dataset(synth_dir)
     ctx = DecoderContext(ckpt.model, ckpt.codec, ds.item_codes(), ckpt.max_items, draft_head=ckpt.head)
     histories = [ex.history for ex in ds.eval_examples("test")[:16]]
-    res = decode_with_head(ctx, histories, NezhaParams(beam_width=10, k=10), "nezha")
+    res = get_decoder("nezha").decode(ctx, histories, NezhaParams(beam_width=10, k=10))
     assert res.codes.shape == (16, 10, 3) and bool(res.valid.all()) and bool((res.item_ids >= 0).all())
     assert {"prefill", "draft", "verify", "decode"} <= set(res.timings_ms)
     assert res.counters["returned_valid"] == 160 and res.counters["model_calls"] == 1
-    with pytest.raises(UserInputError, match="mtp"):
-        decode_with_head(ctx, histories, NezhaParams(), "mtp")
+    with pytest.raises(
+        UserInputError,
+        match="'mtp' needs a model trained with a mtp head, but this checkpoint has a 'nezha' head",
+    ):
+        get_decoder("mtp").decode(ctx, histories, NezhaParams())
     ctx.draft_head = None
     with pytest.raises(UserInputError, match="--objective nezha"):
-        decode_with_head(ctx, histories, NezhaParams(), "nezha")
+        get_decoder("nezha").decode(ctx, histories, NezhaParams())
 
 
 def test_cli_eval_with_the_nezha_decoder(nezha_model_dir, tmp_path, capsys):

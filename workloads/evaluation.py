@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 from genrec.workloads.data.dataset import Dataset, load_dataset
 from genrec.workloads.decoding.base import DecoderContext, get_decoder, make_params
 from genrec.workloads.decoding.draft import checkpoint_codebook_sizes, load_draft
+from genrec.workloads.decoding.needs import require_needs
 from genrec.workloads.errors import UserInputError
 from genrec.workloads.metrics import latency_summary, ranking_metrics
 from genrec.workloads.models.checkpoint import Checkpoint, load_checkpoint
@@ -144,6 +145,7 @@ def evaluate(
     torch.manual_seed(cfg.seed)
     decoder = get_decoder(cfg.decoder)
     params = resolve_params(cfg.decoder, cfg.params, cfg.ks)
+    require_needs(type(decoder), ctx)  # a missing draft / head fails before any batch is decoded
     examples = ds.eval_examples(cfg.split)
     if cfg.max_users:
         examples = examples[: cfg.max_users]

@@ -305,12 +305,12 @@ def write_eval_rows(output: Path, rows: list) -> None:
 def decoders_command() -> None:
     """List registered decoders with their parameters (name: type = default); set them with --param."""
     from genrec.platform.params import describe_parameters
-    from genrec.workloads.decoding.base import decoder_names
-    from genrec.workloads.decoding.draft import needs_draft
+    from genrec.workloads.decoding.base import decoder_names, decoder_needs
 
     for name in decoder_names():
         params = ", ".join(f"{p.name}: {p.type} = {p.default!r}" for p in describe_parameters(name))
-        typer.echo(f"{name:10s} {params}" + ("  (needs --draft DIR)" if needs_draft(name) else ""))
+        flags = [need.flag for need in decoder_needs(name) if need.flag]  # inputs the command line gives
+        typer.echo(f"{name:10s} {params}" + (f"  (needs {', '.join(flags)})" if flags else ""))
 
 
 def register(app: typer.Typer) -> None:

@@ -34,19 +34,18 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from genrec.workloads.decoding.base import DecoderContext, DecodeResult, PhaseTimer, register_decoder
+from genrec.workloads.decoding.base import DecoderContext, DecodeResult, PhaseTimer, RegisteredDecoder
 from genrec.workloads.decoding.beam_core import (
     BeamStart,
     GumbelSelector,
     LevelChoice,
     LevelProcessor,
-    finish_beams,
     replay_processors,
     run_beam_search,
     select_beams,
 )
-from genrec.workloads.decoding.draft import require_draft
 from genrec.workloads.decoding.draft_tree import DraftLevel, DraftTree, verify_logits
+from genrec.workloads.decoding.needs import DRAFT_MODEL, Need
 from genrec.workloads.decoding.params import BeamParams
 from genrec.workloads.decoding.processors import ConstraintProcessor
 from genrec.workloads.decoding.relaxed_sampling import (
@@ -55,6 +54,7 @@ from genrec.workloads.decoding.relaxed_sampling import (
     sample_without_replacement,
 )
 from genrec.workloads.decoding.scorers import BackboneScorer, level_log_probs
+from genrec.workloads.decoding.template import decode_result, finish_timed, timed_prompts
 from genrec.workloads.errors import UserInputError
 from genrec.workloads.models.transformer import GRTransformer, KVCache
 from genrec.workloads.sid_codec import SIDCodec
@@ -391,13 +391,11 @@ class Counters:
 def atspeed_decode(
     ctx: DecoderContext, histories: list[list[int]], p: AtSpeedParams, relaxed: bool
 ) -> DecodeResult:
-    p.validate()
-    name = "atspeed_relaxed" if relaxed else "atspeed_strict"
-    draft = require_draft(ctx, name)
+    draft = ctx.draft_model  # present: RegisteredDecoder.decode checked the declared needs
     codec, k, levels = ctx.codec, p.beam_width, ctx.codec.levels
     timer = PhaseTimer(ctx.device)
+    tokens, mask = timed_prompts(ctx, histories, timer)
     with timer.phase("system"):
-        tokens, mask = ctx.prompts(histories)
         processors = (
             [ConstraintProcessor(ctx.constraints.mask_backend(p, ctx.device))] if p.constrained else []
         )
@@ -416,12 +414,10 @@ def atspeed_decode(
             outcome = sd_step(run, users, codes, scores, t)
             codes[users], scores[users], level[users] = outcome.codes, outcome.scores, outcome.level
             run.count.add(outcome, len(users))
-    with timer.phase("system"):
-        top = finish_beams(ctx, codes, scores, p.k)
+    top = finish_timed(ctx, timer, codes, scores, p.k)
     timings = dict(timer.ms)
     timings["decode"] = timings.get("draft", 0.0) + timings.get("verify", 0.0)
-    counters = {**run.count.as_dict(k), "missing": top.missing}
-    return DecodeResult(top.codes, top.scores, top.item_ids, top.valid, timings, counters)
+    return decode_result(top, timings, run.count.as_dict(k))
 
 
 def sd_step(run: DecodeRun, users: Tensor, codes: Tensor, scores: Tensor, t: int) -> StepOutcome:
@@ -452,19 +448,19 @@ def sd_step(run: DecodeRun, users: Tensor, codes: Tensor, scores: Tensor, t: int
         return verify_strict(run, users, tree, choices, tree_logits, base)
 
 
-@register_decoder
-class AtSpeedStrict:
+class AtSpeedStrict(RegisteredDecoder):
     name: ClassVar[str] = "atspeed_strict"
     Params: ClassVar[type] = AtSpeedParams
+    needs: ClassVar[tuple[Need, ...]] = (DRAFT_MODEL,)
 
-    def decode(self, ctx: DecoderContext, histories: list[list[int]], params: AtSpeedParams) -> DecodeResult:
+    def run(self, ctx: DecoderContext, histories: list[list[int]], params: AtSpeedParams) -> DecodeResult:
         return atspeed_decode(ctx, histories, params, relaxed=False)
 
 
-@register_decoder
-class AtSpeedRelaxed:
+class AtSpeedRelaxed(RegisteredDecoder):
     name: ClassVar[str] = "atspeed_relaxed"
     Params: ClassVar[type] = AtSpeedParams
+    needs: ClassVar[tuple[Need, ...]] = (DRAFT_MODEL,)
 
-    def decode(self, ctx: DecoderContext, histories: list[list[int]], params: AtSpeedParams) -> DecodeResult:
+    def run(self, ctx: DecoderContext, histories: list[list[int]], params: AtSpeedParams) -> DecodeResult:
         return atspeed_decode(ctx, histories, params, relaxed=True)

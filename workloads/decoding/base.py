@@ -2,11 +2,16 @@
 
 A decoder is a class with a name, a typed `Params` dataclass and
     decode(ctx: DecoderContext, histories: list[list[int]], params) -> DecodeResult.
-Decoders register by name so sweeps, the CLI and the Serve app can pick one by string.
+Decoders derive from `RegisteredDecoder`: defining the class registers it by name (every module of
+this package is imported on the first registry lookup, so there is no list of built-ins to keep), and
+its `needs` say what it decodes with beyond the backbone (needs.py). Sweeps, the CLI and the Serve app
+pick a decoder by string.
 """
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 import time
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Protocol
@@ -16,6 +21,7 @@ import torch
 
 from genrec.workloads.decoding.buffer_pool import BufferPool
 from genrec.workloads.decoding.constraint_store import ConstraintStore
+from genrec.workloads.decoding.needs import Need, require_needs
 from genrec.workloads.decoding.params import DecoderParams
 from genrec.workloads.decoding.prefix_keys import PrefixKeySets
 from genrec.workloads.errors import UserInputError
@@ -140,6 +146,7 @@ class _Phase:
 class Decoder(Protocol):
     name: ClassVar[str]
     Params: ClassVar[type[DecoderParams]]
+    needs: ClassVar[tuple[Need, ...]]
 
     def decode(self, ctx: DecoderContext, histories: list[list[int]], params: Any) -> DecodeResult: ...
 
@@ -154,16 +161,53 @@ def register_decoder(cls: type) -> type:
     return cls
 
 
+class RegisteredDecoder:
+    """Base of every decoder: a subclass that sets `name` registers itself when its class is defined.
+
+    `needs` declares what the decoder decodes with beyond the backbone (needs.py); `decode` checks the
+    parameters and those needs, each with its one message, then runs the subclass's `run`."""
+
+    name: ClassVar[str]
+    Params: ClassVar[type[DecoderParams]]
+    needs: ClassVar[tuple[Need, ...]] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "name" in vars(cls):  # templates without a name of their own are not decoders
+            register_decoder(cls)
+
+    def decode(self, ctx: DecoderContext, histories: list[list[int]], params: Any) -> DecodeResult:
+        params.validate()
+        require_needs(type(self), ctx)
+        return self.run(ctx, histories, params)
+
+    def run(self, ctx: DecoderContext, histories: list[list[int]], params: Any) -> DecodeResult:
+        raise NotImplementedError
+
+
 def decoder_names() -> list[str]:
     _import_builtin_decoders()
     return sorted(_REGISTRY)
 
 
-def get_decoder(name: str) -> Decoder:
+def decoder_class(name: str) -> type:
+    """The registered class of a decoder (UserInputError naming the choices for an unknown one)."""
     _import_builtin_decoders()
     if name not in _REGISTRY:
         raise UserInputError(f"unknown decoder {name!r}; choose one of {sorted(_REGISTRY)}")
-    return _REGISTRY[name]()
+    return _REGISTRY[name]
+
+
+def get_decoder(name: str) -> Decoder:
+    return decoder_class(name)()
+
+
+def decoder_needs(name: str) -> tuple[Need, ...]:
+    """What a decoder declares it needs (needs.py); () for an unknown name, which is reported where
+    names are checked, so a pre-flight check of needs never shadows that message."""
+    _import_builtin_decoders()
+    cls = _REGISTRY.get(name)
+    return tuple(cls.needs) if cls is not None else ()
 
 
 def make_params(decoder: Decoder, values: dict[str, Any]) -> DecoderParams:
@@ -182,19 +226,19 @@ def make_params(decoder: Decoder, values: dict[str, Any]) -> DecoderParams:
 
 def decoder_parameters(name: str) -> dict[str, Any]:
     """Parameter names and defaults of a decoder (for `genrec eval --help`, Serve's /decoders)."""
-    dec = get_decoder(name)
-    return {f.name: f.default for f in fields(dec.Params)}
+    return {f.name: f.default for f in fields(decoder_class(name).Params)}
 
 
 def _import_builtin_decoders() -> None:
-    # importing the modules runs their @register_decoder; done lazily so base stays import-light
-    from genrec.workloads.decoding import (  # noqa: F401
-        atspeed,
-        beam,
-        hf_beam,
-        mtp,
-        nezha,
-        popular,
-        static,
-        xgr,
-    )
+    """Import every module of this package once: defining a decoder class registers it, so a new
+    built-in decoder needs no entry in a list. Lazy, so importing base stays light."""
+    global _BUILTINS_IMPORTED
+    if _BUILTINS_IMPORTED:
+        return
+    package = importlib.import_module(__package__)
+    for module in pkgutil.iter_modules(package.__path__):
+        importlib.import_module(f"{__package__}.{module.name}")
+    _BUILTINS_IMPORTED = True
+
+
+_BUILTINS_IMPORTED = False

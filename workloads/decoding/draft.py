@@ -13,31 +13,28 @@ import json
 import os
 from pathlib import Path
 
-from genrec.workloads.decoding.base import DecoderContext
+from genrec.workloads.decoding.base import DecoderContext, decoder_needs
+from genrec.workloads.decoding.needs import DRAFT_MODEL
 from genrec.workloads.errors import UserInputError
 from genrec.workloads.models.checkpoint import Checkpoint, load_checkpoint
 from genrec.workloads.models.transformer import GRTransformer
 
-# Decoders whose names start with this read ctx.draft_model (atspeed_strict, atspeed_relaxed). Judged by
-# name, not by the registry, so a config that names one is checked before any decoder module is imported.
-DRAFT_DECODER_PREFIX = "atspeed"
-HOW_TO_MAKE_A_DRAFT = "any next_item checkpoint on the same codec, e.g. `genrec train --model tiny ...`"
-
 
 def needs_draft(decoder_name: str) -> bool:
-    """Whether the decoder decodes with a draft model (so it may only run where one is loaded)."""
-    return decoder_name.startswith(DRAFT_DECODER_PREFIX)
+    """Whether the decoder declares it decodes with a draft model (so it may only run where one is
+    loaded); read from the decoder class, never from its name."""
+    return DRAFT_MODEL in decoder_needs(decoder_name)
 
 
 def draft_needed_message(decoder_name: str, how: str = "pass --draft DIR") -> str:
     """The one wording of "this decoder needs a draft"; `how` names the fix where the user is
     (a CLI flag, an experiment's or a Serve config's `draft:` key)."""
-    return f"decoder {decoder_name!r} needs a draft model; {how} ({HOW_TO_MAKE_A_DRAFT})"
+    return DRAFT_MODEL.message(decoder_name, how=how)
 
 
 def require_draft(ctx: DecoderContext, decoder_name: str) -> GRTransformer:
-    """The context's draft model, or a UserInputError saying how to give one (decoders call this first)."""
-    if ctx.draft_model is None:
+    """The context's draft model, or a UserInputError saying how to give one."""
+    if not DRAFT_MODEL.present(ctx):
         raise UserInputError(draft_needed_message(decoder_name))
     return ctx.draft_model
 

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from genrec.workloads.decoding.base import DecoderContext, DecodeResult, PhaseTimer, register_decoder
+from genrec.workloads.decoding.base import DecoderContext, DecodeResult, PhaseTimer, RegisteredDecoder
 from genrec.workloads.decoding.params import BeamWidthParams
 from genrec.workloads.errors import UserInputError
 from genrec.workloads.models.hf_bridge import REAL_SCORE, to_hf_llama
@@ -277,11 +277,9 @@ def hf_generate_search(ctx: DecoderContext, histories: list[list[int]], params: 
     return DecodeResult(codes, scores, item_ids, valid, dict(timer.ms), counters)
 
 
-@register_decoder
-class HFBeamDecoder:
+class HFBeamDecoder(RegisteredDecoder):
     name: ClassVar[str] = "hf_beam"
     Params: ClassVar[type] = HFBeamParams
 
-    def decode(self, ctx: DecoderContext, histories: list[list[int]], params: HFBeamParams) -> DecodeResult:
-        params.validate()
+    def run(self, ctx: DecoderContext, histories: list[list[int]], params: HFBeamParams) -> DecodeResult:
         return hf_generate_search(ctx, histories, params)

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from genrec.workloads.decoding.base import DecoderContext, DecodeResult, register_decoder
+from genrec.workloads.decoding.base import DecoderContext, DecodeResult, RegisteredDecoder
+from genrec.workloads.decoding.needs import MTP_HEAD, Need
 from genrec.workloads.decoding.nezha import NezhaParams, decode_with_head
 
 
-@register_decoder
-class MTPDecoder:
+class MTPDecoder(RegisteredDecoder):
     name: ClassVar[str] = "mtp"
     Params: ClassVar[type] = NezhaParams
+    needs: ClassVar[tuple[Need, ...]] = (MTP_HEAD,)
 
-    def decode(self, ctx: DecoderContext, histories: list[list[int]], params: NezhaParams) -> DecodeResult:
-        return decode_with_head(ctx, histories, params, "mtp")
+    def run(self, ctx: DecoderContext, histories: list[list[int]], params: NezhaParams) -> DecodeResult:
+        return decode_with_head(ctx, histories, params)

@@ -33,9 +33,10 @@ from genrec.workloads.decoding.base import (
     DecoderContext,
     DecodeResult,
     PhaseTimer,
-    register_decoder,
+    RegisteredDecoder,
 )
-from genrec.workloads.decoding.beam_core import LevelProcessor, finish_beams, run_beam_search
+from genrec.workloads.decoding.beam_core import LevelProcessor, run_beam_search
+from genrec.workloads.decoding.needs import NEZHA_HEAD, Need
 from genrec.workloads.decoding.params import BeamParams
 from genrec.workloads.decoding.prefix_keys import PrefixKeySets
 from genrec.workloads.decoding.processors import (
@@ -46,6 +47,7 @@ from genrec.workloads.decoding.processors import (
     PrefixValidity,
 )
 from genrec.workloads.decoding.scorers import HeadScorer
+from genrec.workloads.decoding.template import decode_result, finish_timed, timed_prompts
 from genrec.workloads.errors import UserInputError
 from genrec.workloads.models.nezha_head import DraftHead, append_placeholders, head_states
 from genrec.workloads.sid_codec import SIDCodec
@@ -175,29 +177,26 @@ class NezhaParams(BeamParams):
             raise UserInputError(f"`verify` must be one of {list(VERIFY_MODES)}, got {self.verify!r}")
 
 
-def require_head(ctx: DecoderContext, kind: str) -> DraftHead:
+def head_prompts(
+    ctx: DecoderContext, histories: list[list[int]], timer: PhaseTimer
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The prompts, ending with the placeholders <SP_1>..<SP_L> when the head reads their states."""
+    tokens, mask = timed_prompts(ctx, histories, timer)
+    if ctx.draft_head.config.needs_placeholders:
+        with timer.phase("system"):
+            sp = [ctx.codec.placeholder_token(l) for l in range(ctx.codec.levels)]
+            tokens, mask = append_placeholders(tokens, mask, sp)
+    return tokens, mask
+
+
+def decode_with_head(ctx: DecoderContext, histories: list[list[int]], params: NezhaParams) -> DecodeResult:
+    """The template's steps around NEZHA's own search: prompts, one prefill, the head's beam search,
+    finish and result (the decoder class declares the head, so `decode` checked it is there)."""
     head = ctx.draft_head
-    if head is None or head.config.kind != kind:
-        have = "no draft head" if head is None else f"a {head.config.kind!r} head"
-        raise UserInputError(
-            f"decoder {kind!r} needs a model trained with a {kind} head, but this checkpoint has {have}; "
-            f"train one with `genrec train --objective {kind} ...`"
-        )
-    return head
-
-
-def decode_with_head(
-    ctx: DecoderContext, histories: list[list[int]], params: NezhaParams, kind: str
-) -> DecodeResult:
-    params.validate()
-    head = require_head(ctx, kind)
     codec, cfg = ctx.codec, head.config
     timer = PhaseTimer(ctx.device)
+    tokens, mask = head_prompts(ctx, histories, timer)
     with timer.phase("system"):
-        tokens, mask = ctx.prompts(histories)
-        if cfg.needs_placeholders:
-            sp = [codec.placeholder_token(l) for l in range(codec.levels)]
-            tokens, mask = append_placeholders(tokens, mask, sp)
         prefixes = ctx.index.prefix_sets() if params.verify != "none" else None
         constraint = []
         if params.constrained:
@@ -207,9 +206,8 @@ def decode_with_head(
         states = head_states(out.all_hidden, cfg) if cfg.needs_placeholders else out.hidden[:, None]
     with torch.no_grad():
         res = head_beam_search(head, states, params.beam_width, codec, prefixes, params.verify, constraint)
-    with timer.phase("system"):
-        top = finish_beams(ctx, res.codes, res.scores, params.k)
-        returned_valid = int(top.valid.sum())
+    top = finish_timed(ctx, timer, res.codes, res.scores, params.k)
+    returned_valid = int(top.valid.sum())
     timings = dict(timer.ms)
     timings["draft"] = res.draft_ms
     timings["verify"] = res.verify_ms
@@ -221,15 +219,14 @@ def decode_with_head(
         "candidates": len(histories) * params.k,
         "drafts_valid": drafts_valid,
         "returned_valid": returned_valid,
-        "missing": top.missing,
     }
-    return DecodeResult(top.codes, top.scores, top.item_ids, top.valid, timings, counters)
+    return decode_result(top, timings, counters)
 
 
-@register_decoder
-class NezhaDecoder:
+class NezhaDecoder(RegisteredDecoder):
     name: ClassVar[str] = "nezha"
     Params: ClassVar[type] = NezhaParams
+    needs: ClassVar[tuple[Need, ...]] = (NEZHA_HEAD,)
 
-    def decode(self, ctx: DecoderContext, histories: list[list[int]], params: NezhaParams) -> DecodeResult:
-        return decode_with_head(ctx, histories, params, "nezha")
+    def run(self, ctx: DecoderContext, histories: list[list[int]], params: NezhaParams) -> DecodeResult:
+        return decode_with_head(ctx, histories, params)

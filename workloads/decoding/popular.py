@@ -11,9 +11,9 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from genrec.workloads.decoding.base import DecoderContext, DecodeResult, PhaseTimer, register_decoder
+from genrec.workloads.decoding.base import DecoderContext, DecodeResult, PhaseTimer, RegisteredDecoder
+from genrec.workloads.decoding.needs import POPULARITY, Need
 from genrec.workloads.decoding.params import DecoderParams
-from genrec.workloads.errors import UserInputError
 
 
 @dataclass(frozen=True)
@@ -21,15 +21,12 @@ class PopularParams(DecoderParams):
     """Only k: the most popular items are the same for every user."""
 
 
-@register_decoder
-class MostPopular:
+class MostPopular(RegisteredDecoder):
     name: ClassVar[str] = "popular"
     Params: ClassVar[type] = PopularParams
+    needs: ClassVar[tuple[Need, ...]] = (POPULARITY,)
 
-    def decode(self, ctx: DecoderContext, histories: list[list[int]], params: PopularParams) -> DecodeResult:
-        params.validate()
-        if ctx.popularity is None:
-            raise UserInputError("the popular decoder needs item popularity (evaluate with a dataset)")
+    def run(self, ctx: DecoderContext, histories: list[list[int]], params: PopularParams) -> DecodeResult:
         timer = PhaseTimer(ctx.device)
         with timer.phase("decode"):
             k = min(params.k, len(ctx.popularity))

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from genrec.workloads.constraints.backend import MaskBackend
-from genrec.workloads.decoding.base import DecoderContext, DecodeResult, register_decoder
-from genrec.workloads.decoding.beam import backbone_beam_search
+from genrec.workloads.decoding.base import DecoderContext
 from genrec.workloads.decoding.constraint_store import BACKENDS, KERNELS
 from genrec.workloads.decoding.params import BeamParams
+from genrec.workloads.decoding.template import BeamTemplate
 from genrec.workloads.errors import UserInputError
 
 
@@ -48,16 +48,13 @@ class StaticParams(BeamParams):
             raise UserInputError(f"`kernel` must be one of {list(KERNELS)}, got {self.kernel!r}")
 
 
-def static_mask_for(ctx: DecoderContext, p: StaticParams) -> MaskBackend:
-    """The mask backend of p's constraint set with p's index settings (built once per context)."""
-    return ctx.constraints.mask_backend(p, ctx.device, p.dense_levels, p.backend, p.kernel)
+class StaticDecoder(BeamTemplate):
+    """The template whose mask is the constraint set's index with the params' index settings (built
+    once per context)."""
 
-
-@register_decoder
-class StaticDecoder:
     name: ClassVar[str] = "static"
     Params: ClassVar[type] = StaticParams
 
-    def decode(self, ctx: DecoderContext, histories: list[list[int]], params: StaticParams) -> DecodeResult:
-        params.validate()
-        return backbone_beam_search(ctx, histories, params, static_mask_for(ctx, params))
+    def mask(self, ctx: DecoderContext, params: StaticParams) -> MaskBackend:
+        p = params
+        return ctx.constraints.mask_backend(p, ctx.device, p.dense_levels, p.backend, p.kernel)

@@ -20,20 +20,22 @@ exactly equal scores.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
 from torch import Tensor
 
-from genrec.workloads.decoding.base import DecoderContext, DecodeResult, PhaseTimer, register_decoder
-from genrec.workloads.decoding.beam_core import finish_beams, run_beam_search, select_beams
+from genrec.workloads.decoding.base import DecoderContext
+from genrec.workloads.decoding.beam_core import BeamSelector, select_beams
 from genrec.workloads.decoding.params import BeamParams
-from genrec.workloads.decoding.processors import ConstraintProcessor
 from genrec.workloads.decoding.scorers import BackboneScorer
+from genrec.workloads.decoding.template import BeamTemplate
 from genrec.workloads.decoding.xbeam import EarlyTopK, SelectBuffers
 from genrec.workloads.errors import UserInputError
-from genrec.workloads.models.transformer import GRTransformer, KVCache
+from genrec.workloads.models.transformer import GRTransformer, KVCache, PrefillOutput
 from genrec.workloads.sid_codec import SIDCodec
 
 REORDERS = ("index", "copy")
@@ -113,53 +115,34 @@ class XgrScorer(BackboneScorer):
         super().advance(level, parent, token)
 
 
-@torch.no_grad()
-def xgr_search(ctx: DecoderContext, histories: list[list[int]], params: XgrParams) -> DecodeResult:
-    """Beam search with xGR's attention layout, reorder, selection and buffers (see the module doc)."""
-    timer = PhaseTimer(ctx.device)
-    codec, w = ctx.codec, params.beam_width
-    mask = ctx.constraints.mask_backend(params, ctx.device) if params.constrained else None
-    with timer.phase("system"):
-        tokens, attn = ctx.prompts(histories)
-    with timer.phase("prefill"):
-        out = ctx.model.prefill(tokens, attn)
-    batch = tokens.shape[0]
-    key = buffer_key(ctx.model, batch, w, codec.levels)
-    lent = (
-        ctx.buffers.acquire(key, lambda: DecodeBuffers.build(ctx.model, batch, w, codec.levels))
-        if params.reuse_buffers
-        else None
-    )
-    try:
-        scorer = XgrScorer(
-            ctx.model, codec, out.logits, out.cache, w, params.attention, params.reorder == "index", lent
-        )
-        processors = [ConstraintProcessor(mask)] if mask is not None else []
-        select = select_beams
-        if params.select == "early":
-            select = EarlyTopK(lent.select if lent is not None else None)
-        inner = PhaseTimer(ctx.device)
-        with timer.phase("decode"):
-            res = run_beam_search(scorer, processors, batch, w, codec.levels, ctx.device, inner, select)
-        with timer.phase("system"):
-            top = finish_beams(ctx, res.codes, res.scores, params.k)
-            scores = top.scores.clone()  # a view of a lent buffer: the next request overwrites it
-    finally:
-        if lent is not None:
-            ctx.buffers.release(key, lent)
-    timings = dict(timer.ms)
-    timings["decode_forward"] = scorer.forward_ms
-    if mask is not None:
-        timings["decode_mask"] = inner.ms.get("mask", 0.0)
-    counters = {"model_calls": scorer.calls, "beams": w, "missing": top.missing}
-    return DecodeResult(top.codes, scores, top.item_ids, top.valid, timings, counters)
+class XgrDecoder(BeamTemplate):
+    """The template with xGR's scorer (in-place reorder into lent storage), early top-BW selection and
+    buffers lent per (batch, BW, model) shape (see the module doc)."""
 
-
-@register_decoder
-class XgrDecoder:
     name: ClassVar[str] = "xgr"
     Params: ClassVar[type] = XgrParams
 
-    def decode(self, ctx: DecoderContext, histories: list[list[int]], params: XgrParams) -> DecodeResult:
-        params.validate()
-        return xgr_search(ctx, histories, params)
+    @contextmanager
+    def buffers(self, ctx: DecoderContext, params: XgrParams, batch: int) -> Iterator[DecodeBuffers | None]:
+        if not params.reuse_buffers:
+            yield None
+            return
+        w, levels = params.beam_width, ctx.codec.levels
+        key = buffer_key(ctx.model, batch, w, levels)
+        lent = ctx.buffers.acquire(key, lambda: DecodeBuffers.build(ctx.model, batch, w, levels))
+        try:
+            yield lent
+        finally:
+            ctx.buffers.release(key, lent)
+
+    def scorer(
+        self, ctx: DecoderContext, params: XgrParams, out: PrefillOutput, lent: DecodeBuffers | None
+    ) -> XgrScorer:
+        indexed = params.reorder == "index"
+        w, attention = params.beam_width, params.attention
+        return XgrScorer(ctx.model, ctx.codec, out.logits, out.cache, w, attention, indexed, lent)
+
+    def selector(self, ctx: DecoderContext, params: XgrParams, lent: DecodeBuffers | None) -> BeamSelector:
+        if params.select == "early":
+            return EarlyTopK(lent.select if lent is not None else None)
+        return select_beams

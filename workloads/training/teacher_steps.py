@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 import torch
 
 from genrec.workloads.decoding.base import DecoderContext, DecodeResult
-from genrec.workloads.decoding.beam import finish_backbone_search, run_beam_decoder
+from genrec.workloads.decoding.beam import BeamSample, BeamSampleParams, BeamSearch
 from genrec.workloads.decoding.beam_core import level_beams
 from genrec.workloads.decoding.params import BeamParams
 from genrec.workloads.errors import UserInputError
@@ -37,11 +37,11 @@ def beam_with_steps(
     """What the `beam` decoder returns for `params` (`beam_sample` for BeamSampleParams), and the beams
     it kept after every level but the last: [B, L - 1, W, L] codes, MISSING past step t's t codes and
     where step t kept fewer than W beams."""
-    search = run_beam_decoder(ctx, prompts, params)
-    result = finish_backbone_search(ctx, search, params, params.constrained)
+    decoder = BeamSample() if isinstance(params, BeamSampleParams) else BeamSearch()
+    search, result = decoder.decode_search(ctx, prompts, params)
     levels, width = ctx.codec.levels, params.beam_width
     steps = np.full((len(prompts), levels - 1, width, levels), MISSING, dtype=np.int64)
-    for t, (codes, scores) in enumerate(level_beams(search.output.choices)[:-1]):
+    for t, (codes, scores) in enumerate(level_beams(search.choices)[:-1]):
         found = torch.isfinite(scores).cpu().numpy()
         steps[:, t, :, : t + 1] = np.where(found[..., None], codes.cpu().numpy(), MISSING)
     return result, steps
