@@ -53,7 +53,7 @@ from genrec.workloads.decoding.relaxed_sampling import (
     relaxed_level,
     sample_without_replacement,
 )
-from genrec.workloads.decoding.scorers import BackboneScorer, level_log_probs
+from genrec.workloads.decoding.scorers import BackboneScorer, codec_log_probs
 from genrec.workloads.decoding.template import decode_result, finish_timed, timed_prompts
 from genrec.workloads.errors import UserInputError
 from genrec.workloads.models.transformer import GRTransformer, KVCache
@@ -179,8 +179,7 @@ def draft_levels(
     codes = committed[:, rows]
     alive = torch.isfinite(target_scores)[:, rows] & (torch.arange(width, device=root.device) < w)
     cache = prompt.expand(width, codec.levels)
-    offsets = torch.tensor([codec.level_offset(l) for l in range(t)], device=root.device)
-    logits = m.draft.extend((codes + offsets).view(g * width, t), cache, None, attention).logits
+    logits = m.draft.extend(codec.prefix_to_tokens(codes).view(g * width, t), cache, None, attention).logits
     score = prefix_log_prob(root, logits, codes, codec)
     score = torch.where(alive, score, NEG_INF)
     states = replay_processors(processors, codes, codec.codebook_sizes)
@@ -202,9 +201,9 @@ def prefix_log_prob(root: Tensor, logits: Tensor, codes: Tensor, codec: SIDCodec
     """A model's log-probability [G, W] of prefixes `codes` [G, W, t] from its root logits [G, V] and its
     logits at the prefix positions [G*W, t, V] (teacher forcing)."""
     g, w, t = codes.shape
-    total = level_log_probs(root, *codec.level_range(0)).gather(1, codes[:, :, 0])
+    total = codec_log_probs(root, codec, 0).gather(1, codes[:, :, 0])
     for level in range(1, t):
-        lp = level_log_probs(logits[:, level - 1], *codec.level_range(level)).view(g, w, -1)
+        lp = codec_log_probs(logits[:, level - 1], codec, level).view(g, w, -1)
         total = total + lp.gather(2, codes[:, :, level : level + 1])[..., 0]
     return total
 
@@ -221,7 +220,7 @@ def parent_log_probs(
     else:
         nodes = tree.committed_index(beams) if j == 0 else tree.drafted_index(j - 1, beams)
         logits = tree_logits.gather(1, nodes[..., None].expand(-1, -1, tree_logits.shape[-1]))
-    return level_log_probs(logits, *codec.level_range(level))
+    return codec_log_probs(logits, codec, level)
 
 
 def apply_processors(processors, states, level: int, lp: Tensor, scores: Tensor) -> tuple[Tensor, list]:

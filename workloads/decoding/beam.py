@@ -20,18 +20,18 @@ import torch
 from genrec.workloads.constraints.backend import MaskBackend
 from genrec.workloads.decoding.base import DecoderContext, DecodeResult
 from genrec.workloads.decoding.beam_core import BeamSelector, GumbelSelector
-from genrec.workloads.decoding.params import BeamParams
+from genrec.workloads.decoding.params import BackboneBeamParams, BeamParams
 from genrec.workloads.decoding.template import BeamTemplate
 
 
 @dataclass(frozen=True)
-class BeamSampleParams(BeamParams):
+class BeamSampleParams(BackboneBeamParams):
     seed: int = 0  # the sampling noise of one decode call (rows draw independently)
 
 
 class BeamSearch(BeamTemplate):
     name: ClassVar[str] = "beam"
-    Params: ClassVar[type] = BeamParams
+    Params: ClassVar[type] = BackboneBeamParams
 
 
 class BeamSample(BeamSearch):
