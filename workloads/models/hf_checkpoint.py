@@ -77,7 +77,8 @@ def read_generation_config(path: Path) -> dict:
     try:
         raw = json.loads(file.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UserInputError(f"{file}: not valid JSON ({e}); restore it from the checkpoint or delete it") from None
+        fix = "restore it from the checkpoint or delete it"
+        raise UserInputError(f"{file}: not valid JSON ({e}); {fix}") from None
     if not isinstance(raw, dict):
         raise UserInputError(f"{file}: expected a JSON object; restore it from the checkpoint or delete it")
     return raw
