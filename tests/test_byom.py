@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import json
 import shutil
+import sys
 
 import numpy as np
 import pytest
@@ -307,3 +308,23 @@ def test_vocabulary_and_tokenizer_disagree(world, tmp_path, capsys):
     root, _ = world
     src = build_hf("qwen3", tmp_path / "src", layers=1, vocab=20)  # SID tokens added without a resize
     bad_import(capsys, src, root / "index.json", tmp_path / "out", None, "vocab_size is 20", "resiz")
+
+
+def test_side_by_side_driver_checks_identity_and_reports_both_comparisons(world, monkeypatch):
+    import importlib.util
+    from pathlib import Path
+
+    # by path: genrec.studies is mapped into the package by the studies move (another branch)
+    file = Path(__file__).resolve().parents[1] / "studies" / "beam" / "byom_vs_hf.py"
+    spec = importlib.util.spec_from_file_location("byom_vs_hf", file)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    driver = module.main
+    root, _ = world
+    args = ["--model", str(root / "ours_qwen3"), "--users", "4", "--batch-size", "2", "--repeats", "2"]
+    out = driver(args + ["--warmup", "0", "--beam-width", "5", "--k", "5", "--threads", "0"])
+    assert out["top_k_agreement_with_hf"] == 1.0 and out["users"] == 4
+    assert out["timed_batches_per_arm"] == 4 and out["backbone"]["family"] == "qwen3"
+    assert 0.0 <= out["level_softmax_keeps_of_full_top_k"] <= 1.0
+    assert set(out["latency_ms"]) == {"beam", "hf_beam", "level_softmax"}
