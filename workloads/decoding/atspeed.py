@@ -6,7 +6,8 @@ batch that accepted different numbers of levels stay correct):
      beams with N beams (strict: its top N; relaxed: N sequences sampled, Gumbel-top-N);
   2. verify: the target scores every drafted node in ONE `extend` over the flattened draft tree with a
      tree mask (draft_tree.py; `tree_attention=False` is the "w/o TA" ablation: one call per level);
-  3. accept, level by level from t:
+  3. accept, level by level from t (the shared beam core over the tree's logits with a per-level
+     acceptance hook, tree_verify.py):
      strict (Algorithm 1): the target's top-K at level t+j (over the children of its own top-K at
        t+j-1) must all be among the drafted beams of that level; the first level where they are not
        is the step's output, and the level after the last drafted one comes free from the same call.
@@ -48,13 +49,9 @@ from genrec.workloads.decoding.draft_tree import DraftLevel, DraftTree, verify_l
 from genrec.workloads.decoding.needs import DRAFT_MODEL, Need
 from genrec.workloads.decoding.params import BeamParams
 from genrec.workloads.decoding.processors import ConstraintProcessor
-from genrec.workloads.decoding.relaxed_sampling import (
-    drafted_distribution,
-    relaxed_level,
-    sample_without_replacement,
-)
 from genrec.workloads.decoding.scorers import BackboneScorer, codec_log_probs
 from genrec.workloads.decoding.template import decode_result, finish_timed, timed_prompts
+from genrec.workloads.decoding.tree_verify import RelaxedVerification, StepOutcome, StrictVerification
 from genrec.workloads.errors import UserInputError
 from genrec.workloads.models.transformer import GRTransformer, KVCache
 from genrec.workloads.sid_codec import SIDCodec
@@ -103,41 +100,6 @@ class Models:
 
 
 @dataclass
-class StepOutcome:
-    """One SD step's result for a group of G users."""
-
-    codes: Tensor  # [G, K, L] (valid up to `level`)
-    scores: Tensor  # [G, K] target cumulative log-probs
-    level: Tensor  # [G] levels decided after the step
-    accepted: Tensor  # [G] drafted levels accepted
-    verified: list[int] = field(default_factory=list)  # per drafted position j: users verified there
-    passed: list[int] = field(default_factory=list)  # ... and accepted there
-
-    @classmethod
-    def empty(cls, g: int, k: int, levels: int, t: int, device: torch.device) -> StepOutcome:
-        return cls(
-            torch.zeros(g, k, levels, dtype=torch.long, device=device),
-            torch.full((g, k), NEG_INF, device=device),
-            torch.full((g,), t, dtype=torch.long, device=device),
-            torch.zeros(g, dtype=torch.long, device=device),
-        )
-
-    def count(self, active: Tensor, accept: Tensor) -> None:
-        """Acceptance statistics of one drafted level."""
-        self.verified.append(int(active.sum()))
-        self.passed.append(int((active & accept).sum()))
-
-    def settle(self, active: Tensor, accept: Tensor, codes: Tensor, top: Tensor, level: int) -> Tensor:
-        """Record the users that stop at `level` (active, not accepted); return who goes on."""
-        finish = active & ~accept
-        self.codes[finish, :, : level + 1] = codes[finish]
-        self.scores[finish] = top[finish]
-        self.level[finish] = level + 1
-        self.accepted += (active & accept).long()
-        return active & accept
-
-
-@dataclass
 class DecodeRun:
     """What every SD step of one decode call shares."""
 
@@ -149,12 +111,6 @@ class DecodeRun:
     gen: torch.Generator  # relaxed: the draft's sampling and the accept / resample draws
     timer: PhaseTimer
     count: Counters
-
-
-def extend_codes(codes: Tensor, parent: Tensor, code: Tensor) -> Tensor:
-    """Beams [G, W, l+1]: each new beam's parent's codes [G, w, l], then its own code."""
-    level = codes.shape[2]
-    return torch.cat([codes.gather(1, parent[..., None].expand(-1, -1, level)), code[..., None]], dim=2)
 
 
 # --- drafting ------------------------------------------------------------------------------------------
@@ -206,150 +162,6 @@ def prefix_log_prob(root: Tensor, logits: Tensor, codes: Tensor, codec: SIDCodec
         lp = codec_log_probs(logits[:, level - 1], codec, level).view(g, w, -1)
         total = total + lp.gather(2, codes[:, :, level : level + 1])[..., 0]
     return total
-
-
-# --- verification ---------------------------------------------------------------------------------------
-def parent_log_probs(
-    m: Models, users: Tensor, tree: DraftTree, tree_logits: Tensor, j: int, beams: Tensor, codec: SIDCodec
-) -> Tensor:
-    """The target's level (t+j) log-probs [G, w, T] for the children of the beams `beams` [G, w]: drafted
-    beams of level j-1 (j >= 1), committed beams (j = 0, t >= 1) or the root (j = 0, t = 0)."""
-    level = tree.t + j
-    if j == 0 and tree.t == 0:
-        logits = m.target_root.index_select(0, users)[:, None]
-    else:
-        nodes = tree.committed_index(beams) if j == 0 else tree.drafted_index(j - 1, beams)
-        logits = tree_logits.gather(1, nodes[..., None].expand(-1, -1, tree_logits.shape[-1]))
-    return codec_log_probs(logits, codec, level)
-
-
-def apply_processors(processors, states, level: int, lp: Tensor, scores: Tensor) -> tuple[Tensor, list]:
-    g, w, t = lp.shape
-    flat = lp.reshape(g * w, t)
-    out = []
-    for proc, s in zip(processors, states):
-        flat, s = proc.apply(level, s, flat, scores.reshape(-1))
-        out.append(s)
-    return flat.view(g, w, t), out
-
-
-def advance_processors(processors, states, level: int, parent: Tensor, code: Tensor, w: int) -> list:
-    g = parent.shape[0]
-    rows = (torch.arange(g, device=parent.device)[:, None] * w + parent).reshape(-1)
-    return [proc.advance(level, s, rows, code.reshape(-1)) for proc, s in zip(processors, states)]
-
-
-def match_drafted(parent_ids: Tensor, code: Tensor, drafted: DraftLevel, drafted_alive: Tensor, t: int):
-    """Whether each (parent drafted id, code) beam [G, K] is among the level's drafted beams, and which."""
-    key = parent_ids * t + code
-    dkey = drafted.parent * t + drafted.code
-    hit = (key[:, :, None] == dkey[:, None, :]) & drafted_alive[:, None, :]
-    return hit.any(-1), hit.float().argmax(-1)
-
-
-def start_verification(
-    tree: DraftTree, k: int, codec: SIDCodec, processors: list[LevelProcessor]
-) -> tuple[StepOutcome, list, Tensor, Tensor, Tensor]:
-    """What both verifications start from: an empty outcome, the processors' states replayed over the
-    committed beams, those beams [G, w, t] as the decided ones (indices [G, w]) and every user active."""
-    g, w, t = tree.committed.shape
-    device = tree.committed.device
-    out = StepOutcome.empty(g, k, codec.levels, t, device)
-    states = replay_processors(processors, tree.committed, codec.codebook_sizes)
-    beams = torch.arange(w, device=device).expand(g, w)
-    return out, states, tree.committed, beams, torch.ones(g, dtype=torch.bool, device=device)
-
-
-def verify_strict(
-    run: DecodeRun,
-    users: Tensor,
-    tree: DraftTree,
-    choices: list[LevelChoice],
-    tree_logits: Tensor,
-    scores: Tensor,
-) -> StepOutcome:
-    """Algorithm 1 for a group: the target's beam search with beam K, level by level over the tree."""
-    m, codec, processors, k = run.models, run.codec, run.processors, run.params.beam_width
-    g, _, t = tree.committed.shape
-    device = scores.device
-    out, states, codes, beams, active = start_verification(tree, k, codec, processors)
-    gamma = len(tree.levels)
-    for j in range(gamma + 1):
-        level = t + j
-        lp = parent_log_probs(m, users, tree, tree_logits, j, beams, codec)
-        lp, states = apply_processors(processors, states, level, lp, scores)
-        top, parent, code = select_beams(scores, lp, k)
-        codes = extend_codes(codes, parent, code)
-        if j < gamma:
-            drafted = tree.levels[j]
-            alive = torch.isfinite(choices[j].scores)
-            found, index = match_drafted(beams.gather(1, parent), code, drafted, alive, lp.shape[-1])
-            accept = (found | ~torch.isfinite(top)).all(-1)
-            out.count(active, accept)
-        else:
-            accept = torch.zeros(g, dtype=torch.bool, device=device)
-        active = out.settle(active, accept, codes, top, level)
-        if not bool(active.any()):
-            break
-        states = advance_processors(processors, states, level, parent, code, lp.shape[1])
-        scores, beams = top, index
-    return out
-
-
-def verify_relaxed(
-    run: DecodeRun,
-    users: Tensor,
-    tree: DraftTree,
-    choices: list[LevelChoice],
-    tree_logits: Tensor,
-    scores: Tensor,
-    draft_scores: Tensor,
-) -> StepOutcome:
-    """Algorithm 2 for a group: of the N drafted sequences of a level, those whose parent is among the K
-    decided beams are kept with probability min(1, p/q'); at least K kept accept the level (K of them
-    at random are its beams), fewer end the step with the kept ones plus draws from norm(max(0, p - q')).
-    p and q' are the target's and the draft's distributions over the children of the decided beams
-    (q' renormalised there: the draft sampled over its own N beams' children)."""
-    m, codec, processors, gen = run.models, run.codec, run.processors, run.gen
-    k, q_support = run.params.beam_width, run.params.q_support
-    g, _, t = tree.committed.shape
-    out, states, codes, beams, active = start_verification(tree, k, codec, processors)
-    gamma = len(tree.levels)
-    for j in range(gamma + 1):
-        level = t + j
-        lp = parent_log_probs(m, users, tree, tree_logits, j, beams, codec)
-        lp, states = apply_processors(processors, states, level, lp, scores)
-        tsize = lp.shape[-1]
-        cand = (scores[:, :, None] + lp).view(g, -1)  # target cumulative scores of the children
-        p_log = torch.log_softmax(cand, dim=-1)
-        if j == gamma:  # the level after the drafted ones: a target sampling-beam-search step
-            chosen, real = sample_without_replacement(p_log, k, gen)
-            top = torch.where(real, cand.gather(1, chosen), NEG_INF)
-            codes = extend_codes(codes, chosen // tsize, chosen % tsize)
-            out.settle(active, torch.zeros_like(active), *sort_beams(codes, top), level)
-            break
-        q_log = drafted_distribution(choices[j].log_probs, draft_scores, beams, q_support)
-        level_out = relaxed_level(p_log, q_log, tree.levels[j], choices[j].scores, beams, tsize, k, gen)
-        out.count(active, level_out.accept)
-        chosen = torch.where(level_out.accept[:, None], level_out.next_flat, level_out.final_flat)
-        real = torch.where(level_out.accept[:, None], level_out.next_real, level_out.final_real)
-        top = torch.where(real, cand.gather(1, chosen), NEG_INF)
-        new_codes = extend_codes(codes, chosen // tsize, chosen % tsize)
-        active = out.settle(active, level_out.accept, *sort_beams(new_codes, top), level)
-        if not bool(active.any()):
-            break
-        # accepted users go on from the K kept sequences picked at random (their order: draft order)
-        codes, scores = new_codes, top
-        states = advance_processors(processors, states, level, chosen // tsize, chosen % tsize, lp.shape[1])
-        beams = level_out.next_nodes
-        draft_scores = choices[j].scores
-    return out
-
-
-def sort_beams(codes: Tensor, top: Tensor) -> tuple[Tensor, Tensor]:
-    """Beams [G, K, l] and scores [G, K], best first (an output's order)."""
-    top, order = top.sort(dim=-1, descending=True)
-    return codes.gather(1, order[..., None].expand_as(codes)), top
 
 
 # --- the decode loop --------------------------------------------------------------------------------------
@@ -442,9 +254,38 @@ def sd_step(run: DecodeRun, users: Tensor, codes: Tensor, scores: Tensor, t: int
         prompt = m.target_prompt.prompt_of(users)
         tree_logits, calls = verify_logits(m.target, prompt, tree, codec, p.tree_attention, p.attention)
         count.target_calls += calls
-        if run.relaxed:
-            return verify_relaxed(run, users, tree, choices, tree_logits, base, d_base)
-        return verify_strict(run, users, tree, choices, tree_logits, base)
+        return verify(run, users, tree, choices, tree_logits, base, d_base)
+
+
+def verify(
+    run: DecodeRun,
+    users: Tensor,
+    tree: DraftTree,
+    choices: list[LevelChoice],
+    tree_logits: Tensor,
+    scores: Tensor,
+    draft_scores: Tensor,
+) -> StepOutcome:
+    """Verify a group's draft tree: the beam core resumed from the decided beams over the tree's logits,
+    with strict (Algorithm 1) or relaxed (Algorithm 2) acceptance (tree_verify.py)."""
+    m, p, codec, processors = run.models, run.params, run.codec, run.processors
+    root, k = m.target_root.index_select(0, users), p.beam_width
+    if run.relaxed:
+        v = RelaxedVerification(
+            root, tree, tree_logits, choices, k, codec, draft_scores, p.q_support, run.gen
+        )
+        select = v
+    else:
+        v, select = StrictVerification(root, tree, tree_logits, choices, k, codec), select_beams
+    t, g = tree.t, len(users)
+    start = BeamStart(
+        t, scores, tree.committed, replay_processors(processors, tree.committed, codec.codebook_sizes)
+    )
+    levels = t + len(tree.levels) + 1
+    run_beam_search(
+        v.scorer, processors, g, k, levels, root.device, select=select, start=start, on_level=v.on_level
+    )
+    return v.out
 
 
 class AtSpeedStrict(RegisteredDecoder):

@@ -198,6 +198,7 @@ class BeamSelector(Protocol):
 
 
 TopW = Callable[[Tensor, Tensor, int], tuple[Tensor, Tensor]]  # like top_flat: (values, flat index)
+LevelHook = Callable[[int, "LevelChoice", Tensor], bool]  # (level, its choice, codes [B, W, l+1]) -> go on
 
 
 def exact_top(select: BeamSelector) -> TopW | None:
@@ -284,12 +285,15 @@ def run_beam_search(
     timer: PhaseTimer | None = None,
     select: BeamSelector = select_beams,
     start: BeamStart | None = None,
+    on_level: LevelHook | None = None,
 ) -> BeamSearchOutput:
     """Beam search over SID levels up to `levels` (exclusive), batched over users and beams.
 
     `select` picks the next beams: the top W (beam search) or a GumbelSelector (sampling beam search).
     `start` resumes from decided beams (the scorer must already score their children); by default the
-    search starts from one empty beam per user with score 0."""
+    search starts from one empty beam per user with score 0. `on_level(level, choice, codes)` runs
+    after each level once the scorer and processors follow the chosen beams; False ends the search
+    there (speculative verification accepts or rejects a level with it)."""
     timer = timer or PhaseTimer(device)
     states, scores, codes, first = search_start(processors, start, batch, device, timer)
     users = torch.arange(batch, device=device)[:, None]
@@ -319,6 +323,8 @@ def run_beam_search(
                     else:
                         states[i] = proc.advance(level, states[i], rows, token)
             scorer.advance(level, rows, token)
+        if on_level is not None and not on_level(level, choices[-1], codes):
+            break
     return BeamSearchOutput(codes, scores, states, choices)
 
 

@@ -1,7 +1,7 @@
 """AtSpeed's relaxed sampling verification at one drafted level (Algorithm 2, appendix A.1): the p/q
 test of each drafted sequence, the level's accept rule (at least K of the N drafted kept), and the
 resampling from norm(max(0, p - q)) when it fails. Pure tensor functions over one group of users; the
-decode loop that calls them per level is `verify_relaxed` in atspeed.py.
+selection that calls them per level is `RelaxedVerification` in tree_verify.py.
 """
 
 from __future__ import annotations
