@@ -152,6 +152,18 @@ def test_import_stores_codec_template_items_and_backbone(world):
     assert text.startswith("<s>") and "bought" in text and text.endswith(":")
 
 
+def test_result_rows_record_the_backbone(world):
+    from genrec.workloads.evaluation import backbone_of
+    from genrec.workloads.results import ResultRow, current_environment
+
+    ctx = context(world, "llama")
+    backbone = backbone_of(ctx)
+    assert backbone["family"] == "llama" and backbone["architecture"] == "LlamaForCausalLM"
+    assert backbone["n_params"] == ctx.model.num_parameters() and backbone["dtype"] == "float32"
+    row = ResultRow("beam", {}, "d", "m", "test", current_environment(ctx.device), backbone=backbone)
+    assert row.to_flat()["backbone_vocab_size"] == ctx.model.config.vocab_size
+
+
 # --- exactness against HF generate -----------------------------------------------------------------
 @pytest.mark.parametrize("family", list(FAMILIES))
 @pytest.mark.parametrize(("width", "k"), [(5, 5), (20, 10), (50, 10)])

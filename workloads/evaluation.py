@@ -103,6 +103,16 @@ def load_context(
     return ctx, ds, ckpt
 
 
+def backbone_of(ctx: DecoderContext) -> dict[str, object]:
+    """What result rows record of the model: an imported checkpoint's HF backbone, or ours."""
+    model = ctx.model
+    if ctx.imported is not None:
+        return dict(ctx.imported.backbone)
+    dtype = str(model.embed_tokens.weight.dtype).removeprefix("torch.")
+    vocab = model.config.vocab_size
+    return {"family": "genrec", "n_params": model.num_parameters(), "dtype": dtype, "vocab_size": vocab}
+
+
 def load_imported_context(
     model_dir: str | os.PathLike,
     device: str = "auto",
@@ -199,6 +209,7 @@ def evaluate(
         dataset=ds.manifest.name,
         model=model_name,
         draft=draft_name,
+        backbone=backbone_of(ctx),
         split=cfg.split,
         env=current_environment(ctx.device),
         quality=quality,

@@ -39,6 +39,7 @@ from genrec.workloads.tokenize.sid_tokens import (
     sid_table_from_tokenizer,
 )
 
+BACKBONE_KEYS = ("family", "architecture", "n_params", "dtype", "vocab_size")
 ITEMS_FILE, TOKENIZER_FILE, GENERATION_FILE = "item_sids.npy", "tokenizer.json", "generation_config.json"
 # LC-Rec's instruction shape, worded neutrally; a checkpoint fine-tuned on another prompt passes its own
 DEFAULT_TEMPLATE = PromptTemplate(
@@ -56,6 +57,7 @@ class ImportedInputs:
     pad_id: int  # left padding (masked out; any id of the vocabulary would do)
     bos_id: int | None  # the tokenizer's BOS if its template adds one (HF generate's bos_token_id)
     hf_path: str  # the original HF folder: hf_beam runs transformers on it
+    backbone: dict  # family, architecture, n_params, dtype, vocab_size: what result rows record
 
 
 @dataclass(frozen=True)
@@ -184,7 +186,9 @@ def imported_inputs(ckpt: Checkpoint) -> ImportedInputs:
     tokenizer = load_tokenizer(folder / TOKENIZER_FILE)
     pat = SIDPattern.from_dict(raw["sid_pattern"])
     encoder = PromptEncoder(PromptTemplate.load(folder / TEMPLATE_FILE), tokenizer, pat, table)
-    return ImportedInputs(encoder, int(raw["pad_id"]), raw.get("bos_id"), str(ckpt.meta["hf"]["path"]))
+    hf = ckpt.meta["hf"]
+    backbone = {k: hf[k] for k in BACKBONE_KEYS}
+    return ImportedInputs(encoder, int(raw["pad_id"]), raw.get("bos_id"), str(hf["path"]), backbone)
 
 
 def imported_item_codes(ckpt: Checkpoint) -> np.ndarray:
