@@ -181,6 +181,8 @@ def test_xgr_equals_beam(world, family):
     ref = decode(ctx, "beam", hist, beam_width=20, k=10)
     for reorder in ("index", "copy"):
         assert_same_top_k(decode(ctx, "xgr", hist, beam_width=20, k=10, reorder=reorder), ref)
+    ref = decode(ctx, "beam", hist, beam_width=20, k=10, level_softmax=True)
+    assert_same_top_k(decode(ctx, "xgr", hist, beam_width=20, k=10, level_softmax=True), ref)
 
 
 def test_atspeed_strict_equals_beam_with_an_imported_draft(world):
@@ -237,6 +239,8 @@ def test_every_decoder_honours_cold_start_and_the_contract(world, family, name):
     drafted = "draft_model" in [n.key for n in decoder_class(name).needs]  # a Qwen3 draft for both
     ctx, hist = context(world, family, draft=drafted), histories(6, seed=4)
     res = decode(ctx, name, hist, **contract_values(name))
+    again = decode(ctx, name, hist, **contract_values(name))
+    assert torch.equal(res.codes, again.codes) and torch.equal(res.scores, again.scores), "deterministic"
     missing = ~torch.isfinite(res.scores)
     assert res.codes.shape == (len(hist), 5, len(SIZES))
     assert bool((res.scores.masked_fill(missing, -1e30).diff(dim=1) <= 0).all()), "best first"

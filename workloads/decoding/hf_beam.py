@@ -1,11 +1,12 @@
 """`hf_beam`: Hugging Face `generate(num_beams)` on the same weights, as a registered decoder.
 
 The peer of `xgr` in the serving comparison (issue 17): the checkpoint is copied once per model into an
-equivalent `LlamaForCausalLM` (models/hf_bridge.py) and searched with HF's beam search, whose KV cache
-holds one copy of the prompt per beam (its cache is expanded to batch x beams rows before the first
-step), as vLLM's beam search does; `xgr` keeps one prompt cache per user. Scores are summed
-log-probabilities over the SID levels (length_penalty 0), the same scale as `beam`, so the top-K of
-both agree up to ties (tests/test_hf_beam.py). Two documented differences:
+equivalent `LlamaForCausalLM` (models/hf_bridge.py) (an imported checkpoint instead loads its original HF
+folder with transformers: the model the user deploys, prompted with its own template) and searched with
+HF's beam search, whose KV cache holds one copy of the prompt per beam (its cache is expanded to batch x
+beams rows before the first step), as vLLM's beam search does; `xgr` keeps one prompt cache per user.
+Scores are summed log-probabilities over the SID levels (length_penalty 0), the same scale as `beam`,
+so the top-K of both agree up to ties (tests/test_hf_beam.py). Two documented differences:
 - where a level has fewer codes than beams, HF keeps spare beams at scores near -1e9; they are
   reported as `beam` reports missing slots (code -1, score -inf, item -1, not valid);
 - no `constraint`: HF's search knows nothing of STATIC's index, so this decoder has no constraint
