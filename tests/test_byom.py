@@ -344,3 +344,25 @@ def test_side_by_side_driver_checks_identity_and_reports_both_comparisons(world,
     assert out["timed_batches_per_arm"] == 4 and out["backbone"]["family"] == "qwen3"
     assert 0.0 <= out["level_softmax_keeps_of_full_top_k"] <= 1.0
     assert set(out["latency_ms"]) == {"beam", "hf_beam", "level_softmax"}
+
+
+def test_genrec_eval_on_an_imported_checkpoint_with_a_dataset(tmp_path, capsys):
+    """`genrec eval --model IMPORTED --data DIR`: the dataset's items need only be spellable by the SID
+    table (LC-Rec's tokenizer has tokens for the used codes only), and the rows carry the backbone."""
+    from genrec.workloads.data.dataset import load_dataset
+
+    synth = ["data", "synth", "--out", str(tmp_path / "d"), "--num-users", "40", "--num-items", "60"]
+    synth += ["--levels", "3", "--codebook-size", "6", "--num-clusters", "4", "--num-subclusters", "2"]
+    assert run_cli(synth, capsys)[0] == 0
+    codes = load_dataset(tmp_path / "d").item_codes()
+    used = sorted({f"<{'abc'[l]}_{c}>" for row in codes for l, c in enumerate(row)})  # string order
+    build_hf("qwen3", tmp_path / "hf", layers=1, sid=used)
+    write_index(codes, tmp_path / "index.json")
+    assert run_cli(import_args(tmp_path / "hf", tmp_path / "index.json", tmp_path / "m"), capsys)[0] == 0
+    rows = tmp_path / "rows.jsonl"
+    args = ["eval", "--model", str(tmp_path / "m"), "--data", str(tmp_path / "d"), "--max-users", "8"]
+    args += ["--beam-width", "5", "--k", "5", "--quiet", "--output", str(rows)]
+    code, err = run_cli(args, capsys)
+    assert code == 0, err
+    row = json.loads(rows.read_text().splitlines()[0])
+    assert row["decoder"] == "beam" and row["backbone"]["family"] == "qwen3" and row["users"] == 8

@@ -84,7 +84,9 @@ def load_context(
     if not data_dir:
         raise UserInputError(f"{model_dir}: the checkpoint names no dataset; pass --data DIR")
     ds = load_dataset(data_dir)
-    if tuple(ds.codec.codebook_sizes) != ckpt.codec.codebook_sizes:
+    if is_imported(ckpt):  # the SID table, not codebook sizes, says which items the tokenizer can spell
+        ckpt.codec.table.check_item_codes(ds.item_codes(), where=f"dataset {data_dir}")
+    elif tuple(ds.codec.codebook_sizes) != ckpt.codec.codebook_sizes:
         raise UserInputError(
             f"dataset {data_dir} has codebook sizes {ds.codec.codebook_sizes}, but the model was trained "
             f"for {ckpt.codec.codebook_sizes}; evaluate on the dataset the model was trained on"
