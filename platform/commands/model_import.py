@@ -61,8 +61,8 @@ def import_hf_command(
         f"vocabulary {b['vocab_size']}) -> {rep.out}"
     )
     typer.echo(
-        f"SID levels {list(rep.codebook_sizes)}: {rep.sid_tokens} SID tokens ({rep.gaps} codes without a "
-        f"token), {rep.items} items"
+        f"SID levels {list(rep.codebook_sizes)}: {rep.sid_tokens} SID tokens ({rep.gaps} "
+        f"code{'' if rep.gaps == 1 else 's'} without a token), {rep.items} items"
     )
     if rep.overridden_generation_flags:
         flags = ", ".join(rep.overridden_generation_flags)
