@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import shutil
 import sys
 
 import numpy as np
 import pytest
 import torch
+
+if not torch.cuda.is_available():  # transformers' model classes import triton: the kernels' tests need
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # the interpreter chosen before that first import
 
 tf = pytest.importorskip("transformers", reason="the peers extra builds the reference checkpoints")
 
@@ -43,9 +47,9 @@ BASE = dict(
     eos_token_id=2,
     pad_token_id=PAD_ID,
 )
-FAMILIES = {
-    "qwen3": (tf.Qwen3Config, tf.Qwen3ForCausalLM, dict(head_dim=16, tie_word_embeddings=True)),
-    "llama": (tf.LlamaConfig, tf.LlamaForCausalLM, dict(attention_bias=True, tie_word_embeddings=False)),
+FAMILIES = {  # class names, looked up when a checkpoint is built (not at collection: see TRITON_INTERPRET)
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=16, tie_word_embeddings=True)),
+    "llama": ("LlamaConfig", "LlamaForCausalLM", dict(attention_bias=True, tie_word_embeddings=False)),
 }
 
 
@@ -71,7 +75,8 @@ def build_hf(family: str, folder, layers: int = 2, seed: int = 0, vocab: int | N
     tok = word_tokenizer(sid_token_strings() if sid is None else sid)
     save_tokenizer(tok, folder)
     size = tok.get_vocab_size(with_added_tokens=True)
-    config_cls, model_cls, extra = FAMILIES[family]
+    config_name, model_name, extra = FAMILIES[family]
+    config_cls, model_cls = getattr(tf, config_name), getattr(tf, model_name)
     cfg = config_cls(**BASE, **extra, num_hidden_layers=layers, vocab_size=vocab or size + 2)
     torch.manual_seed(seed)
     model = model_cls(cfg).eval()
