@@ -11,6 +11,7 @@ from genrec.platform.commands import atspeed as atspeed_commands
 from genrec.platform.commands import data as data_commands
 from genrec.platform.commands import loadtest as loadtest_commands
 from genrec.platform.commands import model as model_commands
+from genrec.platform.commands import model_import as model_import_commands
 from genrec.platform.commands import rank as rank_commands
 from genrec.platform.commands import report as report_commands
 from genrec.platform.commands import serve as serve_commands
@@ -61,6 +62,7 @@ app.add_typer(data_commands.app, name="data")
 app.add_typer(atspeed_commands.app, name="atspeed")
 tokenize_commands.register(app)
 model_commands.register(app)
+model_import_commands.register(app)
 report_commands.register(app)
 sweep_commands.register(app)
 serve_commands.register(app)

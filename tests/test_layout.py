@@ -63,7 +63,9 @@ LAYERS = ("kernels", "workloads", "dashboards", "platform")
 # What the lent GPU machine has besides the standard library: workloads and kernels run there from a
 # plain checkout, so anything else (ray, mlflow, plotly, pydantic, typer, fastapi, starlette, yaml, ...)
 # is refused there.
-GPU_MACHINE_HAS = frozenset({"torch", "triton", "numpy", "pandas", "pyarrow", "safetensors", "tqdm", "rich"})
+GPU_MACHINE_HAS = frozenset(
+    {"torch", "triton", "numpy", "pandas", "pyarrow", "safetensors", "tokenizers", "tqdm", "rich"}
+)
 # Optional peers: allowed only inside functions (or for typing), where the comparison that needs them runs
 # (genrec_old: an older commit of this repo exported by benchmarks/beam_regression.py).
 OPTIONAL_PEERS = frozenset({"transformers", "genrec_old"})

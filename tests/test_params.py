@@ -21,10 +21,10 @@ from genrec.platform.params import (
 )
 from genrec.platform.serve.config import ConstraintFields
 from genrec.platform.serve.requests import Limits, RequestError, parse_recommend
-from genrec.workloads.decoding.params import CONSTRAINT_RULES, BeamParams
+from genrec.workloads.decoding.params import CONSTRAINT_RULES, BackboneBeamParams
 from genrec.workloads.errors import UserInputError
 
-BEAM_NAMES = sorted(f.name for f in fields(BeamParams))
+BEAM_NAMES = sorted(f.name for f in fields(BackboneBeamParams))  # beam's Params
 
 # (values, the message every entry point gives); k and beam_width default to 10 everywhere below:
 # the eval defaults for K in [5, 10] and the deployment's served defaults

@@ -25,6 +25,7 @@ from genrec.workloads.decoding.needs import require_needs
 from genrec.workloads.errors import UserInputError
 from genrec.workloads.metrics import latency_summary, ranking_metrics
 from genrec.workloads.models.checkpoint import Checkpoint, load_checkpoint
+from genrec.workloads.models.hf_checkpoint import imported_inputs, imported_item_codes, is_imported
 from genrec.workloads.progress import bar_enabled
 from genrec.workloads.results import ResultRow, current_environment, peak_memory_mb
 from genrec.workloads.training.trainer import resolve_device
@@ -93,7 +94,9 @@ def load_context(
     if not data_dir:
         raise UserInputError(f"{model_dir}: the checkpoint names no dataset; pass --data DIR")
     ds = load_dataset(data_dir)
-    if tuple(ds.codec.codebook_sizes) != ckpt.codec.codebook_sizes:
+    if is_imported(ckpt):  # the SID table, not codebook sizes, says which items the tokenizer can spell
+        ckpt.codec.table.check_item_codes(ds.item_codes(), where=f"dataset {data_dir}")
+    elif tuple(ds.codec.codebook_sizes) != ckpt.codec.codebook_sizes:
         raise UserInputError(
             f"dataset {data_dir} has codebook sizes {ds.codec.codebook_sizes}, but the model was trained "
             f"for {ckpt.codec.codebook_sizes}; evaluate on the dataset the model was trained on"
@@ -107,8 +110,41 @@ def load_context(
         ds.item_popularity("train"),
         ckpt.head,
         draft_model=draft,
+        imported=imported_inputs(ckpt) if is_imported(ckpt) else None,
     )
     return ctx, ds, ckpt
+
+
+def backbone_of(ctx: DecoderContext) -> dict[str, object]:
+    """What result rows record of the model: an imported checkpoint's HF backbone, or ours."""
+    model = ctx.model
+    if ctx.imported is not None:
+        return dict(ctx.imported.backbone)
+    dtype = str(model.embed_tokens.weight.dtype).removeprefix("torch.")
+    vocab = model.config.vocab_size
+    return {"family": "genrec", "n_params": model.num_parameters(), "dtype": dtype, "vocab_size": vocab}
+
+
+def load_imported_context(
+    model_dir: str | os.PathLike,
+    device: str = "auto",
+    draft_dir: str | os.PathLike | None = None,
+    popularity: np.ndarray | None = None,
+) -> tuple[DecoderContext, Checkpoint]:
+    """A checkpoint from `genrec model import hf` with the catalogue stored beside it (no dataset folder):
+    prompts from its template and tokenizer, hf_beam on its original folder, AtSpeed's draft if given
+    (an imported checkpoint with the same SID tokens). `popularity` (train interactions per item) enables
+    the popular baseline and `constraint=cold_start`."""
+    ckpt = load_checkpoint(model_dir, resolve_device(device))
+    if not is_imported(ckpt):
+        fix = "import one with `genrec model import hf` (or use load_context for our checkpoints)"
+        raise UserInputError(f"{model_dir}: not an imported checkpoint; {fix}")
+    draft = load_draft(draft_dir, ckpt, model_dir) if draft_dir is not None else None
+    codes = imported_item_codes(ckpt)
+    ctx = DecoderContext(
+        ckpt.model, ckpt.codec, codes, ckpt.max_items, popularity, ckpt.head, draft, imported_inputs(ckpt)
+    )
+    return ctx, ckpt
 
 
 def eval_defaults(params_type: type, ks: tuple[int, ...]) -> dict[str, Any]:
@@ -185,6 +221,7 @@ def evaluate(
         dataset=ds.manifest.name,
         model=model_name,
         draft=draft_name,
+        backbone=backbone_of(ctx),
         split=cfg.split,
         env=current_environment(ctx.device),
         quality=quality,

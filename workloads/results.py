@@ -167,6 +167,8 @@ class ResultRow:
     split: str
     env: Environment
     draft: str = ""  # AtSpeed's draft model (label, like `model`); empty when the run loaded none
+    # the model's backbone: family, n_params, dtype, vocab_size (+ architecture for an imported HF model)
+    backbone: dict[str, object] = field(default_factory=dict)
     quality: dict[str, float] = field(default_factory=dict)  # hr@K, ndcg@K, recall@K, invalid_rate
     latency_ms: dict[str, float] = field(default_factory=dict)  # per batch: mean, std, p50, p90, p99
     timings_ms: dict[str, float] = field(default_factory=dict)  # mean per batch for each phase
@@ -198,6 +200,8 @@ class ResultRow:
                 flat.update({f"{prefix}_{k}_ms": v for k, v in value.items()})
             elif key == "counters":
                 flat.update({f"count_{k}": v for k, v in value.items()})
+            elif key == "backbone":
+                flat.update({f"backbone_{k}": v for k, v in value.items()})
             else:
                 flat[key] = value
         return flat

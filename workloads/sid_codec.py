@@ -128,6 +128,29 @@ class SIDCodec:
             return np.arange(start, end, dtype=np.int64)
         return self.token_table.level_token_ids(level)
 
+    def level_ids_tensor(self, level: int, device: torch.device | str) -> torch.Tensor:
+        """level_token_ids as an int64 tensor on `device` (kept on the table: no copy per step)."""
+        self._check_level(level)
+        return self.table.level_ids_on(level, device)
+
+    def level_tokens(self, level: int, codes: torch.Tensor) -> torch.Tensor:
+        """Token ids of `codes` (any shape), all at `level`, to feed the model.
+
+        A gap code of a table (no token) only reaches here on a dead beam (score -inf: a search wider
+        than the level's codes); it is fed id 0, whose output no live beam reads."""
+        if self.token_table is None:  # our layout: the offset, exactly as before tables existed
+            return codes + self.level_offset(level)
+        return self.level_ids_tensor(level, codes.device)[codes.long()].clamp(min=0).to(codes.dtype)
+
+    def prefix_to_tokens(self, codes: torch.Tensor) -> torch.Tensor:
+        """[..., t] codes of levels 0..t-1 (t <= L) -> token ids: a decided prefix fed to a model (a
+        dead beam's gap codes as id 0, see level_tokens)."""
+        t = codes.shape[-1]
+        if self.token_table is None:
+            offsets = torch.tensor([self.level_offset(l) for l in range(t)], device=codes.device)
+            return codes + offsets
+        return self.token_table.prefix_to_tokens(codes).clamp(min=0)
+
     def level_allowed_ids(self, level: int) -> np.ndarray:
         """The token ids a decoder may produce at `level`: level_token_ids without a table's gaps (-1)."""
         ids = self.level_token_ids(level)

@@ -39,6 +39,7 @@ class SIDTokenTable:
     _matrix: np.ndarray = field(init=False, repr=False, compare=False)
     _level_of: np.ndarray = field(init=False, repr=False, compare=False)
     _code_of: np.ndarray = field(init=False, repr=False, compare=False)
+    _on_device: dict = field(init=False, repr=False, compare=False)  # (level, device) -> ids tensor
 
     def __post_init__(self) -> None:
         ids = tuple(tuple(int(t) for t in level) for level in self.ids)
@@ -67,6 +68,7 @@ class SIDTokenTable:
         object.__setattr__(self, "_matrix", matrix)
         object.__setattr__(self, "_level_of", level_of)
         object.__setattr__(self, "_code_of", code_of)
+        object.__setattr__(self, "_on_device", {})
 
     @classmethod
     def level_offset(cls, codebook_sizes: tuple[int, ...], first_id: int, vocab_size: int) -> SIDTokenTable:
@@ -91,6 +93,14 @@ class SIDTokenTable:
         """[T_level] token ids of `level`, indexed by code (a copy); NO_TOKEN (-1) at a gap."""
         return np.asarray(self.ids[level], dtype=np.int64)
 
+    def level_ids_on(self, level: int, device: torch.device | str) -> torch.Tensor:
+        """level_token_ids as an int64 tensor on `device`, made once per (level, device) and kept: the
+        scorers gather at it every step, so it must not be copied to the device each time."""
+        key = (level, str(torch.device(device)))
+        if key not in self._on_device:
+            self._on_device[key] = torch.as_tensor(self._matrix[level, : len(self.ids[level])], device=device)
+        return self._on_device[key]
+
     def level_present_ids(self, level: int) -> np.ndarray:
         """The level's token ids without the gaps: the tokens a decoder may produce at this level."""
         row = self.level_token_ids(level)
@@ -106,6 +116,12 @@ class SIDTokenTable:
     def matrix(self, like: torch.Tensor | None = None) -> np.ndarray | torch.Tensor:
         """[L, T_max] token ids (-1 past a level's codebook), as a tensor on `like`'s device if given."""
         return self._matrix if like is None else torch.as_tensor(self._matrix, device=like.device)
+
+    def prefix_to_tokens(self, codes: torch.Tensor) -> torch.Tensor:
+        """[..., t] codes of levels 0..t-1 (t <= L) -> their token ids (NO_TOKEN at a gap)."""
+        t = codes.shape[-1]
+        m = torch.as_tensor(self._matrix[:t], device=codes.device)
+        return m[torch.arange(t, device=codes.device), codes.long()].to(codes.dtype)
 
     def codes_to_tokens(self, codes: np.ndarray | torch.Tensor) -> np.ndarray | torch.Tensor:
         """[..., L] codes -> [..., L] token ids, NO_TOKEN for a gap (no range check: see check_item_codes)."""

@@ -49,7 +49,7 @@ from genrec.workloads.decoding.draft_tree import DraftLevel, DraftTree, verify_l
 from genrec.workloads.decoding.needs import DRAFT_MODEL, Need
 from genrec.workloads.decoding.params import BeamParams
 from genrec.workloads.decoding.processors import ConstraintProcessor
-from genrec.workloads.decoding.scorers import BackboneScorer, level_log_probs
+from genrec.workloads.decoding.scorers import BackboneScorer, codec_log_probs
 from genrec.workloads.decoding.template import decode_result, finish_timed, timed_prompts
 from genrec.workloads.decoding.tree_verify import RelaxedVerification, StepOutcome, StrictVerification
 from genrec.workloads.errors import UserInputError
@@ -135,8 +135,7 @@ def draft_levels(
     codes = committed[:, rows]
     alive = torch.isfinite(target_scores)[:, rows] & (torch.arange(width, device=root.device) < w)
     cache = prompt.expand(width, codec.levels)
-    offsets = torch.tensor([codec.level_offset(l) for l in range(t)], device=root.device)
-    logits = m.draft.extend((codes + offsets).view(g * width, t), cache, None, attention).logits
+    logits = m.draft.extend(codec.prefix_to_tokens(codes).view(g * width, t), cache, None, attention).logits
     score = prefix_log_prob(root, logits, codes, codec)
     score = torch.where(alive, score, NEG_INF)
     states = replay_processors(processors, codes, codec.codebook_sizes)
@@ -158,9 +157,9 @@ def prefix_log_prob(root: Tensor, logits: Tensor, codes: Tensor, codec: SIDCodec
     """A model's log-probability [G, W] of prefixes `codes` [G, W, t] from its root logits [G, V] and its
     logits at the prefix positions [G*W, t, V] (teacher forcing)."""
     g, w, t = codes.shape
-    total = level_log_probs(root, *codec.level_range(0)).gather(1, codes[:, :, 0])
+    total = codec_log_probs(root, codec, 0).gather(1, codes[:, :, 0])
     for level in range(1, t):
-        lp = level_log_probs(logits[:, level - 1], *codec.level_range(level)).view(g, w, -1)
+        lp = codec_log_probs(logits[:, level - 1], codec, level).view(g, w, -1)
         total = total + lp.gather(2, codes[:, :, level : level + 1])[..., 0]
     return total
 

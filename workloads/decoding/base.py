@@ -14,7 +14,7 @@ import importlib
 import pkgutil
 import time
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
 import torch
@@ -25,10 +25,13 @@ from genrec.workloads.decoding.needs import Need, require_needs
 from genrec.workloads.decoding.params import DecoderParams
 from genrec.workloads.decoding.prefix_keys import PrefixKeySets
 from genrec.workloads.errors import UserInputError
-from genrec.workloads.models.inputs import build_prompts, item_token_table
+from genrec.workloads.models.inputs import build_prompts, item_token_table, left_pad
 from genrec.workloads.models.nezha_head import DraftHead
 from genrec.workloads.models.transformer import GRTransformer
 from genrec.workloads.sid_codec import SIDCodec
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from genrec.workloads.models.hf_checkpoint import ImportedInputs
 
 PHASES = ("prefill", "draft", "verify", "decode", "system")
 
@@ -77,6 +80,8 @@ class DecoderContext:
     popularity: np.ndarray | None = None  # train interactions per item (popularity baseline, cold_start)
     draft_head: DraftHead | None = None  # NEZHA / MTP head trained on this backbone, if any
     draft_model: GRTransformer | None = None  # AtSpeed's draft: a smaller model on the same codec
+    # an imported HF checkpoint's prompting (its template + tokenizer) and origin; None for our models
+    imported: ImportedInputs | None = None
     item_tokens: np.ndarray = field(init=False)
     index: ItemIndex = field(init=False)
     constraints: ConstraintStore = field(init=False)  # constraint sets and their mask indexes
@@ -98,7 +103,12 @@ class DecoderContext:
             bad = [x for x in h if not 0 <= x < n]
             if bad:
                 raise UserInputError(f"history {i}: unknown item ids {bad[:5]} (valid ids are 0..{n - 1})")
-        return build_prompts(histories, self.item_tokens, self.max_items, self.device)
+        if self.imported is None:  # our models: BOS + the history's SID tokens
+            return build_prompts(histories, self.item_tokens, self.max_items, self.device)
+        if any(len(h) == 0 for h in histories):
+            raise ValueError("a history is empty; a prompt needs at least one item")
+        codes = [self.item_codes[np.asarray(h[-self.max_items :], dtype=np.int64)] for h in histories]
+        return left_pad(self.imported.encoder.encode_batch(codes), self.imported.pad_id, self.device)
 
 
 @dataclass

@@ -20,12 +20,12 @@ import torch
 from genrec.workloads.constraints.backend import MaskBackend
 from genrec.workloads.decoding.base import DecoderContext, DecodeResult
 from genrec.workloads.decoding.beam_core import BeamSelector, GumbelSelector
-from genrec.workloads.decoding.params import BeamParams
+from genrec.workloads.decoding.params import BackboneBeamParams, BeamParams
 from genrec.workloads.decoding.template import BeamTemplate
 
 
 @dataclass(frozen=True)
-class BeamSampleParams(BeamParams):
+class BeamSampleParams(BackboneBeamParams):
     seed: int = 0  # the sampling noise of one decode call (rows draw independently)
 
 
@@ -34,7 +34,7 @@ class BeamSearch(BeamTemplate):
     description: ClassVar[str] = (
         "beam search over SID tokens, the reference decoder (exact top-K of the beam)"
     )
-    Params: ClassVar[type] = BeamParams
+    Params: ClassVar[type] = BackboneBeamParams
 
 
 class BeamSample(BeamSearch):

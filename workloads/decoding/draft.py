@@ -82,6 +82,11 @@ def load_draft(
     checkpoint_codebook_sizes(draft_dir)  # a missing or foreign folder gets the draft's own message
     draft = load_checkpoint(draft_dir, target.model.device)
     check_same_codec(draft_dir, draft.codec.codebook_sizes, target_dir, target.codec.codebook_sizes)
+    if draft.codec.token_table != target.codec.token_table:  # imported: the same SID token ids, too
+        raise UserInputError(
+            f"draft {draft_dir} spells SIDs with other token ids than the model {target_dir}; use a draft "
+            "whose tokenizer has the same SID tokens (import both with `genrec model import hf`)"
+        )
     d_cfg, t_cfg = draft.model.config, target.model.config
     if d_cfg.vocab_size != t_cfg.vocab_size:
         raise UserInputError(

@@ -59,18 +59,18 @@ class DraftTree:
 
 
 def tree_tokens_and_parents(tree: DraftTree, codec: SIDCodec) -> tuple[Tensor, Tensor]:
-    """Token ids [B, n] (level-offset) and parent node indices [B, n] (-1 = the prompt) of the block."""
+    """Token ids [B, n] (the codec's: level-offset or an imported table) and parent node indices [B, n]
+    (-1 = the prompt) of the block."""
     b, k, t = tree.committed.shape
     device = tree.committed.device
     tokens, parents = [], []
     if t:
-        offsets = torch.tensor([codec.level_offset(l) for l in range(t)], device=device)
-        tokens.append((tree.committed + offsets).reshape(b, k * t))
+        tokens.append(codec.prefix_to_tokens(tree.committed).reshape(b, k * t))
         own = torch.arange(k * t, device=device).view(k, t)
         par = torch.where(torch.arange(t, device=device) == 0, -1, own - 1)
         parents.append(par.reshape(1, k * t).expand(b, -1))
     for j, level in enumerate(tree.levels):
-        tokens.append(level.code + codec.level_offset(t + j))
+        tokens.append(codec.level_tokens(t + j, level.code))
         if j == 0:
             par = tree.committed_index(level.parent) if t else torch.full_like(level.parent, -1)
         else:

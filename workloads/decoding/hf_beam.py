@@ -1,11 +1,12 @@
 """`hf_beam`: Hugging Face `generate(num_beams)` on the same weights, as a registered decoder.
 
 The peer of `xgr` in the serving comparison (issue 17): the checkpoint is copied once per model into an
-equivalent `LlamaForCausalLM` (models/hf_bridge.py) and searched with HF's beam search, whose KV cache
-holds one copy of the prompt per beam (its cache is expanded to batch x beams rows before the first
-step), as vLLM's beam search does; `xgr` keeps one prompt cache per user. Scores are summed
-log-probabilities over the SID levels (length_penalty 0), the same scale as `beam`, so the top-K of
-both agree up to ties (tests/test_hf_beam.py). Two documented differences:
+equivalent `LlamaForCausalLM` (models/hf_bridge.py) (an imported checkpoint instead loads its original HF
+folder with transformers: the model the user deploys, prompted with its own template) and searched with
+HF's beam search, whose KV cache holds one copy of the prompt per beam (its cache is expanded to batch x
+beams rows before the first step), as vLLM's beam search does; `xgr` keeps one prompt cache per user.
+Scores are summed log-probabilities over the SID levels (length_penalty 0), the same scale as `beam`,
+so the top-K of both agree up to ties (tests/test_hf_beam.py). Two documented differences:
 - where a level has fewer codes than beams, HF keeps spare beams at scores near -1e9; they are
   reported as `beam` reports missing slots (code -1, score -inf, item -1, not valid);
 - no `constraint`: HF's search knows nothing of STATIC's index, so this decoder has no constraint
@@ -40,6 +41,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -247,12 +249,30 @@ _HF_COPIES: weakref.WeakKeyDictionary[GRTransformer, dict[str, LlamaForCausalLM]
 )
 
 
-def hf_copy(model: GRTransformer, attn_implementation: str) -> LlamaForCausalLM:
-    """The model's HF Llama copy for this attention, made on first use and kept."""
+def hf_copy(model: GRTransformer, attn_implementation: str, source: str | None = None) -> PreTrainedModel:
+    """The model's HF copy for this attention, made on first use and kept: our model exported to Llama,
+    or, for an imported checkpoint, the original HF folder `source` loaded by transformers (the model
+    the user deploys, in our model's dtype)."""
     copies = _HF_COPIES.setdefault(model, {})
     if attn_implementation not in copies:
-        copies[attn_implementation] = to_hf_llama(model, attn_implementation=attn_implementation)
+        if source is None:
+            copies[attn_implementation] = to_hf_llama(model, attn_implementation=attn_implementation)
+        else:
+            copies[attn_implementation] = load_original(source, attn_implementation, model)
     return copies[attn_implementation]
+
+
+def load_original(source: str, attn_implementation: str, model: GRTransformer) -> PreTrainedModel:
+    """The HF folder an imported checkpoint came from, as transformers loads it (offline)."""
+    tf = _transformers()
+    if not (Path(source) / "config.json").is_file():
+        raise UserInputError(
+            f"hf_beam runs transformers on the original checkpoint {source}, which is gone; restore the "
+            "folder or import it again from where it is now"
+        )
+    dtype = model.embed_tokens.weight.dtype
+    hf = tf.AutoModelForCausalLM.from_pretrained(source, attn_implementation=attn_implementation, dtype=dtype)
+    return hf.to(model.device).eval()
 
 
 @torch.no_grad()
@@ -260,10 +280,12 @@ def hf_generate_search(ctx: DecoderContext, histories: list[list[int]], params: 
     timer = PhaseTimer(ctx.device)
     with timer.phase("system"):
         tokens, mask = ctx.prompts(histories)
-        hf = hf_copy(ctx.model, params.attn_implementation)
+        imp = ctx.imported
+        hf = hf_copy(ctx.model, params.attn_implementation, imp.hf_path if imp is not None else None)
+        special = dict(pad_token_id=imp.pad_id, bos_token_id=imp.bos_id) if imp is not None else {}
     with timer.phase("decode"):  # HF runs its prefill inside generate: one phase for both
         codes, scores = generate_sid_beams(
-            hf, ctx.codec, tokens, mask, params.beam_width, params.k, params.allowed_tokens
+            hf, ctx.codec, tokens, mask, params.beam_width, params.k, params.allowed_tokens, **special
         )
     with timer.phase("system"):
         # HF's spare beams (fewer codes than beams) are no answer: missing, as `beam` reports them

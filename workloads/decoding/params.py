@@ -85,6 +85,18 @@ class BeamParams(BeamWidthParams):
         return self.constraint != "none"
 
 
+@dataclass(frozen=True)
+class BackboneBeamParams(BeamParams):
+    """Beam decoders that score every level with the cached backbone (beam, beam_sample, static, xgr).
+
+    `level_softmax`: score a level by the softmax over its own tokens, projecting only those rows of the
+    LM head (tokenize/level_scores.py), instead of the full-vocabulary log-softmax that HF generate with
+    a prefix-allowed function uses (the default, exact against `hf_beam`). Far cheaper with a large
+    imported vocabulary; beams of different prefixes then compare differently, so quality is measured."""
+
+    level_softmax: bool = False
+
+
 def param_defaults(params_type: type) -> dict[str, Any]:
     """Field names and defaults of a Params dataclass, in declaration order."""
     return {f.name: f.default for f in fields(params_type)}

@@ -5,7 +5,11 @@
 - `HeadScorer`: a NEZHA / MTP draft head over the prefill's hidden states; no backbone call.
 
 Step l only considers the T_l tokens of SID level l, scored by the full-vocabulary log-softmax (as
-Hugging Face beam search with a per-level logits processor does).
+Hugging Face beam search with a per-level logits processor does). The level's tokens come from the codec:
+a contiguous slice for our level-offset vocabularies (unchanged, bit for bit), a gather at the level's
+token ids for an imported one (LC-Rec's tokens are in string order; a gap code scores -inf). With
+`level_softmax` the backbone scorer projects only the level's rows of the LM head and normalises over
+them (tokenize/level_scores.py): cheaper with a large vocabulary, and not the same scores.
 """
 
 from __future__ import annotations
@@ -17,11 +21,26 @@ from genrec.workloads.decoding.base import PhaseTimer
 from genrec.workloads.models.nezha_head import DraftHead
 from genrec.workloads.models.transformer import GRTransformer, KVCache
 from genrec.workloads.sid_codec import SIDCodec
+from genrec.workloads.tokenize.level_scores import gather_level_log_probs
+from genrec.workloads.tokenize.level_scores import level_log_probs as head_level_log_probs
 
 
 def level_log_probs(logits: Tensor, start: int, end: int) -> Tensor:
     """Full-vocabulary log-softmax, restricted to one level's token range."""
     return torch.log_softmax(logits.float(), dim=-1)[..., start:end]
+
+
+def codec_log_probs(logits: Tensor, codec: SIDCodec, level: int) -> Tensor:
+    """[..., V] logits -> [..., T_level] full-vocabulary log-probabilities of the level's codes (fp32)."""
+    if codec.is_level_offset:  # our models: the contiguous slice, exactly as before
+        return level_log_probs(logits, *codec.level_range(level))
+    return gather_level_log_probs(logits, codec.level_ids_tensor(level, logits.device))
+
+
+def hidden_log_probs(model: GRTransformer, hidden: Tensor, codec: SIDCodec, level: int) -> Tensor:
+    """`level_softmax`: [..., D] final hidden states -> log-softmax over the level's tokens only."""
+    ids = codec.level_ids_tensor(level, hidden.device)
+    return head_level_log_probs(hidden, model.lm_head.weight, ids, level_softmax=True)
 
 
 class BackboneScorer:
@@ -36,12 +55,16 @@ class BackboneScorer:
         beam_width: int,
         attention: str = "torch",
         expanded: bool = False,
+        prefill_hidden: Tensor | None = None,
     ) -> None:
         """`prefill_logits` [rows, V] score the current rows' children. By default `prompt_cache` is the
         prefill's and is expanded to beam_width rows after level 0; with `expanded` it already holds
-        beam_width rows per user (a search resumed from decided beams)."""
+        beam_width rows per user (a search resumed from decided beams). Given `prefill_hidden` [rows, D],
+        levels are scored by `level_softmax` from hidden states and steps skip the full LM head."""
         self.model, self.codec, self.attention = model, codec, attention
         self.logits = prefill_logits  # [B*w, V] of the current rows
+        self.hidden = prefill_hidden  # [B*w, D] with level_softmax, else None
+        self.level_softmax = prefill_hidden is not None
         self.prompt_cache, self.beam_width = prompt_cache, beam_width
         self.cache: KVCache | None = prompt_cache if expanded else None
         self.timer = PhaseTimer(model.device)
@@ -52,7 +75,9 @@ class BackboneScorer:
         return self.timer.ms.get("forward", 0.0)
 
     def level_log_probs(self, level: int) -> Tensor:
-        return level_log_probs(self.logits, *self.codec.level_range(level))
+        if self.level_softmax:
+            return hidden_log_probs(self.model, self.hidden, self.codec, level)
+        return codec_log_probs(self.logits, self.codec, level)
 
     def advance(self, level: int, parent: Tensor, token: Tensor) -> None:
         if self.cache is None:  # after level 0: the prompt cache viewed as beam_width rows per user
@@ -60,8 +85,11 @@ class BackboneScorer:
         else:
             self.cache.reorder(parent)
         with self.timer.phase("forward"):
-            tokens = token + self.codec.level_offset(level)
-            self.logits = self.model.step(tokens, self.cache, self.attention).logits
+            tokens = self.codec.level_tokens(level, token)
+            if self.level_softmax:  # the full LM head is never needed: only hidden states
+                self.hidden = self.model.step(tokens, self.cache, self.attention, logits=False).hidden
+            else:
+                self.logits = self.model.step(tokens, self.cache, self.attention).logits
         self.calls += 1
 
 

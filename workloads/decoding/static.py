@@ -22,13 +22,13 @@ from typing import ClassVar
 from genrec.workloads.constraints.backend import MaskBackend
 from genrec.workloads.decoding.base import DecoderContext
 from genrec.workloads.decoding.constraint_store import BACKENDS, KERNELS
-from genrec.workloads.decoding.params import BeamParams
+from genrec.workloads.decoding.params import BackboneBeamParams
 from genrec.workloads.decoding.template import BeamTemplate
 from genrec.workloads.errors import UserInputError
 
 
 @dataclass(frozen=True)
-class StaticParams(BeamParams):
+class StaticParams(BackboneBeamParams):
     constraint: str = "all"  # STATIC always constrains
     dense_levels: int = 2  # d: levels served by dense tables (clipped to L - 1)
     kernel: str = "torch"  # VNTK implementation: torch or triton

@@ -88,8 +88,15 @@ class BeamTemplate(RegisteredDecoder):
     def scorer(
         self, ctx: DecoderContext, params: BeamParams, out: PrefillOutput, lent: Any
     ) -> BackboneScorer:
+        hidden = out.hidden if getattr(params, "level_softmax", False) else None  # see BackboneBeamParams
         return BackboneScorer(
-            ctx.model, ctx.codec, out.logits, out.cache, params.beam_width, params.attention
+            ctx.model,
+            ctx.codec,
+            out.logits,
+            out.cache,
+            params.beam_width,
+            params.attention,
+            prefill_hidden=hidden,
         )
 
     def selector(self, ctx: DecoderContext, params: BeamParams, lent: Any) -> BeamSelector:

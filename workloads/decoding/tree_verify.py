@@ -30,7 +30,7 @@ from genrec.workloads.decoding.relaxed_sampling import (
     relaxed_level,
     sample_without_replacement,
 )
-from genrec.workloads.decoding.scorers import level_log_probs
+from genrec.workloads.decoding.scorers import codec_log_probs
 from genrec.workloads.sid_codec import SIDCodec
 
 NEG_INF = float("-inf")
@@ -94,7 +94,7 @@ class TreeScorer:
                 else self.tree.drafted_index(j - 1, self.nodes)
             )
             logits = self.logits.gather(1, at[..., None].expand(-1, -1, self.logits.shape[-1]))
-        lp = level_log_probs(logits, *self.codec.level_range(level))
+        lp = codec_log_probs(logits, self.codec, level)
         return lp.reshape(-1, lp.shape[-1])
 
     def advance(self, level: int, parent: Tensor, token: Tensor) -> None:

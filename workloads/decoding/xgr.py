@@ -30,7 +30,7 @@ from torch import Tensor
 
 from genrec.workloads.decoding.base import DecoderContext
 from genrec.workloads.decoding.beam_core import BeamSelector, select_beams
-from genrec.workloads.decoding.params import BeamParams
+from genrec.workloads.decoding.params import BackboneBeamParams
 from genrec.workloads.decoding.scorers import BackboneScorer
 from genrec.workloads.decoding.template import BeamTemplate
 from genrec.workloads.decoding.xbeam import EarlyTopK, SelectBuffers
@@ -43,7 +43,7 @@ SELECTS = ("early", "flat")
 
 
 @dataclass(frozen=True)
-class XgrParams(BeamParams):
+class XgrParams(BackboneBeamParams):
     reorder: str = "index"  # index: in-place (row table); copy: copy the decoded steps per reorder
     select: str = "early"  # early: early-terminating top-BW; flat: one flat top-k
     reuse_buffers: bool = True  # per-(batch, BW) buffers reused across steps and requests
@@ -102,8 +102,11 @@ class XgrScorer(BackboneScorer):
         attention: str,
         indexed: bool,
         buffers: DecodeBuffers | None,
+        prefill_hidden: Tensor | None = None,
     ) -> None:
-        super().__init__(model, codec, prefill_logits, prompt_cache, beam_width, attention)
+        super().__init__(
+            model, codec, prefill_logits, prompt_cache, beam_width, attention, prefill_hidden=prefill_hidden
+        )
         self.indexed, self.buffers = indexed, buffers
 
     def advance(self, level: int, parent: Tensor, token: Tensor) -> None:
@@ -141,7 +144,8 @@ class XgrDecoder(BeamTemplate):
     ) -> XgrScorer:
         indexed = params.reorder == "index"
         w, attention = params.beam_width, params.attention
-        return XgrScorer(ctx.model, ctx.codec, out.logits, out.cache, w, attention, indexed, lent)
+        hidden = out.hidden if params.level_softmax else None
+        return XgrScorer(ctx.model, ctx.codec, out.logits, out.cache, w, attention, indexed, lent, hidden)
 
     def selector(self, ctx: DecoderContext, params: XgrParams, lent: DecodeBuffers | None) -> BeamSelector:
         if params.select == "early":

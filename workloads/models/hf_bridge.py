@@ -123,9 +123,9 @@ class SIDLevelLogitsProcessor:
     def _mask(self, step: int, vocab: int, device: torch.device) -> torch.Tensor:
         key = (step, vocab, device)
         if key not in self._keep:
-            start, end = self.codec.level_range(step)
             keep = torch.zeros(vocab, dtype=torch.bool, device=device)
-            keep[start:end] = True
+            # the level's token ids: one range for our layout, any set for an imported table (no gaps)
+            keep[torch.as_tensor(self.codec.level_allowed_ids(step), device=device)] = True
             self._keep[key] = keep
         return self._keep[key]
 

@@ -42,8 +42,15 @@ def build_prompts(
         rows.append(
             np.concatenate([[BOS], item_tokens[np.asarray(h[-max_items:], dtype=np.int64)].reshape(-1)])
         )
+    return left_pad(rows, PAD, device)
+
+
+def left_pad(
+    rows: Sequence[Sequence[int]], pad: int, device: torch.device | str = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompts of any lengths -> left-padded tokens [B, S] and mask [B, S] (True = real token)."""
     s = max(len(r) for r in rows)
-    tokens = np.full((len(rows), s), PAD, dtype=np.int64)
+    tokens = np.full((len(rows), s), pad, dtype=np.int64)
     mask = np.zeros((len(rows), s), dtype=bool)
     for i, r in enumerate(rows):
         tokens[i, s - len(r) :] = r

@@ -97,13 +97,13 @@ class PrefillOutput:
 
 @dataclass
 class StepOutput:
-    logits: Tensor  # [B*W, V]
+    logits: Tensor | None  # [B*W, V]; None when step(logits=False)
     hidden: Tensor  # [B*W, D]
 
 
 @dataclass
 class ExtendOutput:
-    logits: Tensor  # [B*W, n, V]
+    logits: Tensor | None  # [B*W, n, V]; None when extend(logits=False)
     hidden: Tensor  # [B*W, n, D]
 
 
@@ -224,14 +224,20 @@ class GRTransformer(nn.Module):
 
     @torch.no_grad()
     def extend(
-        self, tokens: Tensor, cache: KVCache, tree_mask: Tensor | None = None, attention: str = "torch"
+        self,
+        tokens: Tensor,
+        cache: KVCache,
+        tree_mask: Tensor | None = None,
+        attention: str = "torch",
+        logits: bool = True,
     ) -> ExtendOutput:
         """Append n tokens per cache row (tokens [B*W, n]) with any intra-block pattern.
 
         `tree_mask` [B*W, n, n] (True = query i sees new token j; ancestors before descendants) lets each
         token see only its ancestors; None is causal. Every token also sees the prompt and the row's
         earlier steps. RoPE positions are prefix length + earlier steps + depth in the tree. Returns
-        logits and hidden states of all n positions; the block stays in the cache (keep/truncate it)."""
+        logits and hidden states of all n positions; the block stays in the cache (keep/truncate it).
+        `logits=False` skips the LM head (logits None): a caller that projects only some rows itself."""
         rows, n = tokens.shape
         if rows != cache.rows or n < 1:
             raise ValueError(
@@ -262,17 +268,19 @@ class GRTransformer(nn.Module):
             x = x + block.mlp(block.post_attention_layernorm(x))
         cache.steps += n
         hidden = self.norm(x)
-        return ExtendOutput(self.lm_head(hidden), hidden)
+        return ExtendOutput(self.lm_head(hidden) if logits else None, hidden)
 
     @torch.no_grad()
-    def step(self, tokens: Tensor, cache: KVCache, attention: str = "torch") -> StepOutput:
+    def step(
+        self, tokens: Tensor, cache: KVCache, attention: str = "torch", logits: bool = True
+    ) -> StepOutput:
         """Append one token per cache row (tokens [B*W]): `extend` with n = 1."""
         if tokens.shape != (cache.rows,):
             raise ValueError(f"step expects {cache.rows} tokens (batch x beams), got {tuple(tokens.shape)}")
         if not cache.beam_k or cache.steps >= cache.capacity:
             raise ValueError("cache has no room for another step; call cache.expand(beams, max_steps) first")
-        out = self.extend(tokens[:, None], cache, None, attention)
-        return StepOutput(out.logits[:, 0], out.hidden[:, 0])
+        out = self.extend(tokens[:, None], cache, None, attention, logits)
+        return StepOutput(out.logits[:, 0] if logits else None, out.hidden[:, 0])
 
     def kv_cache_shape(self, rows: int, steps: int) -> tuple[int, int, int, int]:
         """Shape of one layer's per-beam K (or V) storage: [rows, n_kv_heads, steps, head_dim] (what
