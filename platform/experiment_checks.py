@@ -91,6 +91,29 @@ def validate_decoder_experiment(cfg: ExperimentConfig, check_files: bool) -> Non
         check_inputs(cfg)
 
 
+def check_trial_capabilities(cfg: ExperimentConfig, device: str | None, levels: int) -> None:
+    """Every trial's parameters (every arm's) against what the trials' device (None: unknown) and SIDs
+    of `levels` levels can run (genrec.platform.capabilities), before the first trial starts; the
+    error names the search-space value at fault. A benchmark checks its own parameters."""
+    from genrec.platform.capabilities import check_capabilities
+    from genrec.platform.params import eval_params
+
+    if cfg.benchmark is not None:
+        return
+    for i, sub in enumerate(cfg.arm_configs() if cfg.arms else [cfg]):
+        candidates = {
+            name: _candidate_values(f"search_space.{name}", spec) for name, spec in sub.search_space.items()
+        }
+
+        def check(values: dict, sub: ExperimentConfig = sub) -> None:
+            check_capabilities(eval_params(sub.decoder, values, sub.ks), device, levels)
+
+        try:
+            _check_combinations(sub, candidates, check)
+        except UserInputError as e:
+            raise UserInputError(f"`arms[{i}]` ({sub.decoder}): {e}" if cfg.arms else str(e)) from None
+
+
 def _typed_candidates(cfg: ExperimentConfig, field_types: dict) -> dict[str, list[tuple[str, Any]]]:
     """A benchmark experiment's `params` and search-space values checked against the function's
     defaults' types; returns each search-space parameter's candidates as (key path, value) pairs."""

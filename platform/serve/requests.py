@@ -100,6 +100,7 @@ class Limits:
     max_history_items: int = 4096  # items in the request's history, before any truncation
     max_batch_tokens: int = 1 << 20  # beams x prompt positions of one decoder call
     levels: int = 3  # SID tokens per item (a prompt holds levels tokens per history item)
+    device: str = "cpu"  # the replica's torch device: what its kernels can run on (capabilities.py)
 
 
 WIDTH_PARAMETERS = ("beam_width", "draft_beams")  # decoder parameters whose cost grows with their value
@@ -300,6 +301,7 @@ def request_values(req: RecommendRequest) -> dict[str, Any]:
 def request_params(decoder: str, values: dict[str, Any], limits: Limits) -> Any:
     """The request's values over the decoder's served defaults -> its frozen Params, checked by the
     same adapter as YAML and the CLI (same messages), then against what this deployment built."""
+    from genrec.platform.capabilities import check_capabilities
     from genrec.platform.params import parse_decoder_params
 
     base = limits.defaults[decoder]
@@ -308,6 +310,8 @@ def request_params(decoder: str, values: dict[str, Any], limits: Limits) -> Any:
         values = named_set_values(values, limits)
     try:
         params = parse_decoder_params(decoder, values, base=base)
+        # before it is queued: a backend this replica's device cannot run would fail in the batch
+        check_capabilities(params, limits.device, limits.levels)
     except UserInputError as e:
         raise RequestError(422, str(e)) from None
     if params.k > limits.max_k:
