@@ -52,13 +52,16 @@ def sweep_command(
         typer.Option(help="Ray cluster to run on (default: experiment's ray.address, RAY_ADDRESS, local)."),
     ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", help="No per-trial lines.")] = False,
+    max_trials: Annotated[
+        int, typer.Option(help="Refuse an experiment that makes more trials than this.", min=1)
+    ] = 10_000,
 ) -> None:
     """Run a parameter sweep of a decoder with Ray Tune; rows go to Parquet and MLflow."""
     from genrec.platform.experiment import load_experiment, resolve_paths
 
     if resume and overwrite:
         raise UserInputError("--resume and --overwrite exclude each other: pick one")
-    cfg = load_experiment(experiment)
+    cfg = load_experiment(experiment, max_trials=max_trials)
     if results_dir is not None:
         cfg.tracking.results_dir = results_dir
         resolve_paths(cfg, Path.cwd())

@@ -88,3 +88,55 @@ def test_the_probe_loads_a_good_checkpoint(name, tiny_model_dir, synth_dir, tmp_
         [["model", "checkpoint", str(tiny_model_dir)], ["data", "dataset", str(synth_dir)]], tmp_path
     )
     assert rows["model"]["error"] is None and rows["data"]["error"] is None, rows
+
+
+def experiment_yaml(
+    space: str = "beam_width: {grid: [10, 20]}", seeds: str = "[0]", params: str = "{k: 10}"
+) -> str:
+    return (
+        "name: hostile\ndataset: {path: data}\nmodel: {checkpoint: model}\ndecoder: beam\n"
+        f"params: {params}\nsearch_space:\n  {space}\nseeds: {seeds}\n"
+    )
+
+
+LAUGHS = "a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"a{i}: &a{i} [*a{i - 1}, *a{i - 1}, *a{i - 1}, *a{i - 1}, *a{i - 1}, *a{i - 1}, *a{i - 1}, *a{i - 1}]\n"
+    for i in range(1, 10)
+)
+EXPERIMENTS = {
+    "range-to-1e12": (experiment_yaml("beam_width: {range: {low: 1, high: 1.0e12}}"), "the limit is 10000"),
+    "step-1e-12": (
+        experiment_yaml("beam_width: {range: {low: 10, high: 20, step: 1.0e-12}}"),
+        "the limit is",
+    ),
+    "cross-product": (
+        experiment_yaml("beam_width: {range: {low: 10, high: 9000}}", seeds=str(list(range(5000)))),
+        "the limit is 10,000: narrow the search space or pass --max-trials",
+    ),
+    "billion-laughs": (LAUGHS + experiment_yaml(), "expands to more than"),
+    "deep-params": (experiment_yaml(params="[" * 5000 + "]" * 5000), "nests"),
+    "not-utf8": (experiment_yaml().replace("hostile", "host\udcffile"), "not UTF-8"),
+    "too-large": (experiment_yaml() + "#" + "x" * (2 << 20) + "\n", "-byte limit for a YAML experiment file"),
+}
+
+
+def test_hostile_experiment_files_are_refused_within_limits(tmp_path):
+    cases = []
+    for name, (text, _) in EXPERIMENTS.items():
+        path = tmp_path / f"{name}.yaml"
+        path.write_bytes(text.encode("utf-8", "surrogateescape"))
+        cases.append([name, "experiment", str(path)])
+    rows = run_probe(cases, tmp_path)
+    for name, (_, words) in EXPERIMENTS.items():
+        assert_refused(rows[name], words)
+
+
+def test_max_trials_raises_the_trial_limit(tmp_path):
+    from genrec.platform.experiment_loading import load_experiment
+    from genrec.workloads.errors import UserInputError
+
+    path = tmp_path / "wide.yaml"
+    path.write_text(experiment_yaml("beam_width: {range: {low: 10, high: 4009}}", seeds="[0, 1, 2]"))
+    with pytest.raises(UserInputError, match="makes 12,000 trials"):
+        load_experiment(path, tmp_path, check_files=False)
+    assert load_experiment(path, tmp_path, check_files=False, max_trials=12_000).num_trials() == 12_000
