@@ -106,6 +106,7 @@ from genrec.platform.sweep.ray_start import (
     trial_gpu,
     trial_resources,
 )
+from genrec.platform.sweep.reachability import sweep_destinations
 from genrec.platform.sweep.results import (
     SweepSummary,
     best_configuration,
@@ -212,6 +213,7 @@ def run_sweep(
 ) -> SweepSummary:
     """Run (or resume) the sweep holding the experiment's lock, so a second sweep of the same
     experiment exits with a message instead of mixing its rows with this one's."""
+    sweep_destinations(cfg, resolve_ray_address(cfg, ray_address))  # one line each, before any write
     lock = ExperimentLock(cfg.results_dir, cfg.name).acquire(resume_hint)  # before anything is written
     try:
         return _run_sweep_locked(cfg, resume, overwrite, progress, ray_address)
