@@ -125,6 +125,8 @@ def start_server(
     import ray
     from ray import serve
 
+    from genrec.platform.ray_options import local_ray_options, seal_session_folders
+
     global _STARTED_RAY
     http = http or HttpSettings()
     cfg = cfg.resolved()
@@ -139,6 +141,7 @@ def start_server(
             # replicas at ordinary priority: Ray runs workers at nice 15 by default, so a load
             # generator (or anything else) on the same machine would take the CPU from the replicas
             kwargs["_system_config"] = {"worker_niceness": 0}
+            kwargs.update(local_ray_options())  # session files in a folder of this user's only
         # a local Ray's processes inherit this environment; a cluster keeps the one it started with
         env = (
             ingress_environment(
@@ -154,6 +157,8 @@ def start_server(
         with started_with(env):
             ray.init(address=address, **kwargs)
         _STARTED_RAY = address == "local"
+        if _STARTED_RAY:
+            seal_session_folders()  # Ray leaves its root and session folders 0777
     config = app_config(cfg, http, user_config)
     serve.start(http_options=config["http_options"])
     deploy(config)
