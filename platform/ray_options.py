@@ -1,14 +1,13 @@
 """Options for a local Ray instance that `genrec sweep` and `genrec serve` start: its root folder.
 
-Ray writes its session folders (sockets, logs, the runtime environment) under /tmp/ray by default, a
-folder any local user can enter, and makes each session folder mode 0777 without the sticky bit: any
-local user could then replace a socket or a log. `private_temp_dir` gives Ray a root folder of this
-user's only (checked to be a real folder owned by this user). Ray itself makes that root 0777 when
-it starts, so `seal_session_folders` sets the root and the session folder back to 0700 once
-`ray.init` returns (Ray's processes run as this user and need nothing more); what Ray makes inside
-is then out of other users' reach whatever its own modes. RAY_TMPDIR, when set, is the user's choice
-and is kept (still sealed when this user owns it). Short on purpose: Ray's Unix socket paths under
-the root must stay within 107 bytes.
+Ray writes its session folders (sockets, logs, the runtime environment) under /tmp/ray by default and
+makes its root, each session folder and the folders in it mode 0777 without the sticky bit - again
+each time a Ray process starts on the node, so setting them back does not last: any local user could
+replace a socket or a log. `local_ray_options` gives Ray the root `$TMPDIR/genrec-ray-<uid>/r`:
+Ray chmods `r` and below, never the folder above it, which is this user's only (mode 0700, checked to
+be a real folder owned by this user), so nothing Ray makes is in other users' reach whatever its
+modes. RAY_TMPDIR, when set, is the user's choice and is kept. Short on purpose: Ray's Unix socket
+paths under the root must stay within 107 bytes.
 """
 
 from __future__ import annotations
@@ -43,25 +42,8 @@ def private_temp_dir() -> Path:
 
 
 def local_ray_options() -> dict[str, Any]:
-    """Keyword arguments for `ray.init` of a new local instance (none where RAY_TMPDIR decides)."""
+    """Keyword arguments for `ray.init` of a new local instance (none where RAY_TMPDIR decides): Ray's
+    root `r` inside this user's private folder."""
     if os.environ.get("RAY_TMPDIR"):
         return {}
-    return {"_temp_dir": str(private_temp_dir())}
-
-
-def seal_session_folders() -> list[Path]:
-    """After `ray.init` of a local instance: its root and session folders, where this user owns them,
-    set to mode 0700; the folders changed."""
-    import ray
-
-    node = getattr(ray._private.worker, "_global_node", None)
-    if node is None:
-        return []
-    session = Path(node.get_session_dir_path())
-    sealed = []
-    for folder in (session.parent, session):
-        info = folder.lstat()
-        if stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid():
-            folder.chmod(0o700)
-            sealed.append(folder)
-    return sealed
+    return {"_temp_dir": str(private_temp_dir() / "r")}

@@ -125,7 +125,7 @@ def start_server(
     import ray
     from ray import serve
 
-    from genrec.platform.ray_options import local_ray_options, seal_session_folders
+    from genrec.platform.ray_options import local_ray_options
 
     global _STARTED_RAY
     http = http or HttpSettings()
@@ -157,8 +157,6 @@ def start_server(
         with started_with(env):
             ray.init(address=address, **kwargs)
         _STARTED_RAY = address == "local"
-        if _STARTED_RAY:
-            seal_session_folders()  # Ray leaves its root and session folders 0777
     config = app_config(cfg, http, user_config)
     serve.start(http_options=config["http_options"])
     deploy(config)
