@@ -129,8 +129,12 @@ class DecoderHost:
 
     # ---- decoding --------------------------------------------------------------------------------
     def _default_params(self, decoder: str) -> Any:
+        from genrec.platform.capabilities import check_capabilities
+
         try:
-            return parse_decoder_params(decoder, self.cfg.defaults.get(decoder, {}))
+            params = parse_decoder_params(decoder, self.cfg.defaults.get(decoder, {}))
+            check_capabilities(params, str(self.ctx.device), self.ctx.codec.levels)
+            return params
         except UserInputError as e:
             raise UserInputError(f"defaults of decoder {decoder!r}: {e}") from None
 

@@ -16,19 +16,25 @@ from pathlib import Path
 from typing import Any
 
 from genrec.platform.experiment import MAX_COMBINATIONS_CHECKED, ExperimentConfig
-from genrec.platform.experiment_sections import SpaceSpec, expand_range
+from genrec.platform.experiment_sections import SpaceSpec, expand_range, range_size
 from genrec.workloads.errors import UserInputError
 
-
 # ---- the checks --------------------------------------------------------------------------
-def validate_experiment(cfg: ExperimentConfig, check_files: bool = True) -> None:
-    """Every check of a loaded experiment, by kind: a benchmark, a multi-decoder (arms), one decoder."""
+DEFAULT_MAX_TRIALS = 10_000  # `genrec sweep --max-trials N` raises it
+
+
+def validate_experiment(
+    cfg: ExperimentConfig, check_files: bool = True, max_trials: int = DEFAULT_MAX_TRIALS
+) -> None:
+    """Every check of a loaded experiment, by kind: a benchmark, a multi-decoder (arms), one decoder.
+    The trial count is checked first, from the sizes alone: nothing is listed before it passes."""
     from genrec.platform.tracking import check_experiment_name
 
     try:
         check_experiment_name(cfg.name)
     except UserInputError as e:
         raise UserInputError(f"`name`: {e}") from None
+    check_trial_count(cfg, max_trials)
     if cfg.benchmark is not None:
         validate_benchmark_experiment(cfg)
         if check_files:
@@ -37,6 +43,34 @@ def validate_experiment(cfg: ExperimentConfig, check_files: bool = True) -> None
         validate_arms(cfg, check_files)
     else:
         validate_decoder_experiment(cfg, check_files)
+
+
+def space_sizes(cfg: ExperimentConfig) -> dict[str, int]:
+    """Values per grid dimension (grid and range kinds), counted without listing a range."""
+    sizes = {}
+    for name, spec in cfg.search_space.items():
+        if spec.kind == "grid":
+            sizes[name] = len(spec.grid or [])
+        elif spec.kind == "range":
+            try:
+                sizes[name] = range_size(spec.range)
+            except UserInputError as e:
+                raise UserInputError(f"`search_space.{name}.range`: {e}") from None
+    return sizes
+
+
+def check_trial_count(cfg: ExperimentConfig, max_trials: int) -> None:
+    """The sweep's trial count (grid sizes x seeds x num_samples, summed over arms) is at most
+    `max_trials`, computed from the sizes alone."""
+    subs = cfg.arm_configs() if cfg.arms else [cfg]
+    per_seed = sum(math.prod(space_sizes(sub).values()) for sub in subs)
+    trials = per_seed * len(cfg.seeds) * (1 if cfg.arms else max(cfg.num_samples, 1))
+    if trials > max_trials:
+        raise UserInputError(
+            f"the experiment makes {trials:,} trials ({per_seed:,} points x {len(cfg.seeds):,} seeds"
+            f"{'' if cfg.arms else f' x num_samples {cfg.num_samples}'}); the limit is {max_trials:,}: "
+            "narrow the search space or pass --max-trials to raise it"
+        )
 
 
 def validate_arms(cfg: ExperimentConfig, check_files: bool) -> None:
@@ -50,7 +84,7 @@ def validate_arms(cfg: ExperimentConfig, check_files: bool) -> None:
             )
         try:
             own_model = cfg.arms[i].model is not None
-            validate_experiment(sub, check_files=check_files and (i == 0 or own_model))
+            validate_experiment(sub, check_files=check_files and (i == 0 or own_model), max_trials=1 << 62)
         except UserInputError as e:
             raise UserInputError(f"`arms[{i}]` ({sub.decoder}): {e}") from None
 
@@ -89,6 +123,29 @@ def validate_decoder_experiment(cfg: ExperimentConfig, check_files: bool) -> Non
         raise UserInputError(f"`metric`: {cfg.metric!r} is not produced; choose one of {cfg.valid_metrics()}")
     if check_files:
         check_inputs(cfg)
+
+
+def check_trial_capabilities(cfg: ExperimentConfig, device: str | None, levels: int) -> None:
+    """Every trial's parameters (every arm's) against what the trials' device (None: unknown) and SIDs
+    of `levels` levels can run (genrec.platform.capabilities), before the first trial starts; the
+    error names the search-space value at fault. A benchmark checks its own parameters."""
+    from genrec.platform.capabilities import check_capabilities
+    from genrec.platform.params import eval_params
+
+    if cfg.benchmark is not None:
+        return
+    for i, sub in enumerate(cfg.arm_configs() if cfg.arms else [cfg]):
+        candidates = {
+            name: _candidate_values(f"search_space.{name}", spec) for name, spec in sub.search_space.items()
+        }
+
+        def check(values: dict, sub: ExperimentConfig = sub) -> None:
+            check_capabilities(eval_params(sub.decoder, values, sub.ks), device, levels)
+
+        try:
+            _check_combinations(sub, candidates, check)
+        except UserInputError as e:
+            raise UserInputError(f"`arms[{i}]` ({sub.decoder}): {e}" if cfg.arms else str(e)) from None
 
 
 def _typed_candidates(cfg: ExperimentConfig, field_types: dict) -> dict[str, list[tuple[str, Any]]]:
@@ -230,7 +287,10 @@ def _candidate_values(key: str, spec: SpaceSpec) -> list[tuple[str, Any]]:
     if kind in ("grid", "choice"):
         return [(f"{key}.{kind}[{i}]", v) for i, v in enumerate(value)]
     if kind == "range":
-        return [(f"{key}.range", v) for v in expand_range(value)]
+        try:
+            return [(f"{key}.range", v) for v in expand_range(value)]
+        except UserInputError as e:
+            raise UserInputError(f"`{key}.range`: {e}") from None
     ends = [value.low, value.high]
     if kind == "randint":
         ends = [int(x) for x in ends]

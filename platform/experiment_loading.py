@@ -15,7 +15,6 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
 from pydantic import BaseModel, ValidationError
 
 from genrec.workloads.errors import UserInputError
@@ -33,20 +32,25 @@ def _experiment_config() -> type[ExperimentConfig]:
 
 
 def load_experiment(
-    path: str | os.PathLike, base_dir: str | os.PathLike | None = None, check_files: bool = True
+    path: str | os.PathLike,
+    base_dir: str | os.PathLike | None = None,
+    check_files: bool = True,
+    max_trials: int | None = None,
 ) -> ExperimentConfig:
-    """Read, type-check and validate an experiment file; relative paths resolve against base_dir
-    (default: the current directory). Raises UserInputError naming the key path."""
+    """Read (within yaml_limits' bounds), type-check and validate an experiment file; relative paths
+    resolve against base_dir (default: the current directory). Raises UserInputError naming the key
+    path. `max_trials`: the trial limit (default experiment_checks.DEFAULT_MAX_TRIALS)."""
+    from genrec.platform.yaml_limits import load_bounded_yaml
+
     path = Path(path)
     if not path.is_file():
         raise UserInputError(f"{path}: no such experiment file (see experiments/*.yaml for examples)")
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise UserInputError(f"{path}: not valid YAML ({e})") from None
+    raw = load_bounded_yaml(path, "experiment file")
     if not isinstance(raw, dict):
         raise UserInputError(f"{path}: expected a mapping of keys (name, dataset, model, decoder, ...)")
-    return experiment_from_dict(raw, source=path, base_dir=base_dir, check_files=check_files)
+    return experiment_from_dict(
+        raw, source=path, base_dir=base_dir, check_files=check_files, max_trials=max_trials
+    )
 
 
 def experiment_from_dict(
@@ -54,6 +58,7 @@ def experiment_from_dict(
     source: Path | None = None,
     base_dir: str | os.PathLike | None = None,
     check_files: bool = True,
+    max_trials: int | None = None,
 ) -> ExperimentConfig:
     where = f"{source}: " if source else ""
     try:
@@ -62,10 +67,10 @@ def experiment_from_dict(
         raise UserInputError(where + format_validation_error(e)) from None
     cfg._source = source.resolve() if source else None
     resolve_paths(cfg, Path(base_dir) if base_dir else Path.cwd())
-    from genrec.platform.experiment_checks import validate_experiment
+    from genrec.platform.experiment_checks import DEFAULT_MAX_TRIALS, validate_experiment
 
     try:
-        validate_experiment(cfg, check_files=check_files)
+        validate_experiment(cfg, check_files=check_files, max_trials=max_trials or DEFAULT_MAX_TRIALS)
     except UserInputError as e:
         raise UserInputError(where + str(e)) from None
     return cfg

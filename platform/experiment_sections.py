@@ -27,6 +27,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from genrec.workloads.errors import UserInputError
+
 
 class StrictModel(BaseModel):
     """An experiment file's model: an unknown key is an error (named with the valid keys)."""
@@ -164,8 +166,27 @@ class RaySpec(StrictModel):
     worker_niceness: int = Field(default=0, ge=0, le=19)
 
 
+MAX_RANGE_VALUES = 10_000  # a range lists its values; past this it is a typo or an attack
+
+
+def range_size(r: RangeSpec) -> int:
+    """How many values `r` lists, computed without listing them; UserInputError past MAX_RANGE_VALUES
+    (a range to 1e12 or a step of 1e-12 is refused before any list is built)."""
+    if not all(math.isfinite(x) for x in (r.low, r.high, r.step)) or r.step <= 0 or r.high < r.low:
+        raise UserInputError(
+            f"range low={r.low} high={r.high} step={r.step}: needs finite numbers, step > 0 and high >= low"
+        )
+    span = (r.high - r.low) / r.step
+    if span >= MAX_RANGE_VALUES:
+        raise UserInputError(
+            f"range low={r.low} high={r.high} step={r.step} lists about {span:.3g} values; the limit is "
+            f"{MAX_RANGE_VALUES}: use a larger step, or a sampled kind (uniform, randint)"
+        )
+    return int(math.floor(span + 1e-9)) + 1
+
+
 def expand_range(r: RangeSpec) -> list[float | int]:
-    n = int(math.floor((r.high - r.low) / r.step + 1e-9)) + 1
+    n = range_size(r)
     values = [r.low + i * r.step for i in range(n)]
     if all(float(x).is_integer() for x in (r.low, r.step)):
         return [int(round(v)) for v in values]

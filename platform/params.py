@@ -10,7 +10,10 @@ each with one message format, so the same bad value reads the same from every en
    (`cli_values`), so a CLI value has exactly the type the same text has in an experiment file;
 3. rules: `constraint` must be a rule of CONSTRAINT_RULES (named sets are a Serve concept and are
    mapped to rule fields before this), then the dataclass's own `validate()` (k <= beam_width and
-   the other cross-field rules live there, once).
+   the other cross-field rules live there, once);
+4. use: a value given for a setting that the chosen rule or backend does not read (`constraint_path`
+   under rule `all`, `kernel` with a baseline backend) is refused by name (`check_used`), so a client
+   never sees it echoed as if it had been used and a sweep never runs it as a distinct configuration.
 
 Callers prefix their own context (a YAML key path); the CLI prints the message as is, Serve answers
 it as HTTP 422. genrec.workloads never imports this module (pydantic stays out of workloads).
@@ -20,7 +23,7 @@ from __future__ import annotations
 
 import functools
 import typing
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import MISSING, asdict, dataclass, fields, is_dataclass
 from typing import Any
 
@@ -29,7 +32,7 @@ from pydantic import ConfigDict, TypeAdapter, ValidationError, with_config
 from typing_extensions import TypedDict  # pydantic needs it (not typing's) on Python < 3.12
 
 from genrec.workloads.decoding.base import get_decoder
-from genrec.workloads.decoding.params import CONSTRAINT_RULES
+from genrec.workloads.decoding.params import CONSTRAINT_RULES, SIZED_RULES
 from genrec.workloads.errors import UserInputError
 
 
@@ -105,6 +108,41 @@ def check_constraint_rule(params: Any) -> None:
         )
 
 
+def _sized(p: Any) -> bool:
+    return p.constraint in SIZED_RULES
+
+
+def _static_backend(p: Any) -> bool:
+    return getattr(p, "backend", "static") == "static"
+
+
+# parameter -> (does `params` read it?, the setting it belongs to, where it is read)
+READ_ONLY_WITH: dict[str, tuple[Callable[[Any], bool], str, str]] = {
+    "constraint_size": (_sized, "constraint", f"constraint {list(SIZED_RULES)}"),
+    "constraint_seed": (_sized, "constraint", f"constraint {list(SIZED_RULES)}"),
+    "constraint_path": (lambda p: p.constraint == "file", "constraint", "constraint 'file'"),
+    "dense_levels": (_static_backend, "backend", "backend 'static'"),
+    "kernel": (_static_backend, "backend", "backend 'static'"),
+}
+
+
+def check_used(params: Any, given: Iterable[str]) -> None:
+    """ParamError naming the first of the `given` parameters whose value differs from its default
+    although `params`' rule or backend never reads it (a default left in place is no claim)."""
+    defaults = {f.name: f.default for f in fields(params)}
+    for name in sorted(given):
+        if name not in READ_ONLY_WITH or name not in defaults:
+            continue
+        reads, setting, where = READ_ONLY_WITH[name]
+        value = getattr(params, name)
+        if value != defaults[name] and not reads(params):
+            raise ParamError(
+                f"`{name}` {value!r} is not used with {setting} {getattr(params, setting)!r}: only "
+                f"{where} reads it; leave it out or change {setting}",
+                name,
+            )
+
+
 def plain_values(params: Any) -> dict[str, Any]:
     """A Params object or a mapping -> a plain dict of values."""
     if params is None:
@@ -132,6 +170,7 @@ def parse_decoder_params(decoder: str, values: Mapping[str, Any], base: Any = No
         raise
     except UserInputError as e:
         raise ParamError(str(e)) from None
+    check_used(params, values)
     return params
 
 

@@ -62,3 +62,38 @@ def ray_session():
             ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="WARNING")
     yield ray
     ray.shutdown()
+
+
+# ---- the fault suite's counts (tests/faults): printed at the end of any run that includes it ------------
+# Modules whose cases are bad inputs (each should be answered as documented: a 4xx or exit 2 naming the
+# problem); every other fault-suite module injects faults (killed replicas, stalled clients, poison
+# requests, concurrent sweeps) that the platform should survive.
+FAULT_INPUT_MODULES = {
+    "test_bad_requests.py",
+    "test_bad_files.py",
+    "test_bad_where.py",
+    "test_hostile_files.py",
+    "test_unused_params.py",
+}
+_fault_counts: dict[str, list[int]] = {"inputs": [0, 0], "faults": [0, 0]}  # [tried, as documented]
+
+
+def pytest_runtest_logreport(report):
+    path = Path(str(report.fspath))
+    if path.parent.name != "faults" or report.skipped:
+        return
+    if report.when != "call" and report.passed:
+        return
+    kind = "inputs" if path.name in FAULT_INPUT_MODULES else "faults"
+    if report.when == "call" or report.failed:  # a failed setup or call counts once as tried and failed
+        _fault_counts[kind][0] += 1
+        _fault_counts[kind][1] += report.passed
+
+
+def pytest_terminal_summary(terminalreporter):
+    (inputs, answered), (faults, survived) = _fault_counts["inputs"], _fault_counts["faults"]
+    if inputs or faults:
+        terminalreporter.write_line(
+            f"fault suite: {answered}/{inputs} bad inputs answered as documented; "
+            f"{survived}/{faults} faults survived"
+        )

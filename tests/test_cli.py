@@ -180,9 +180,14 @@ def test_dry_run_without_ray_num_cpus_uses_the_machines_cpu_count(tmp_path, caps
 
 
 def test_dry_run_against_a_remote_cluster_says_it_did_not_check(tmp_path, capsys):
+    import socket
+
     path = benchmark_experiment(tmp_path, "remote", cpu=64)
-    assert run_cli(["sweep", str(path), "--dry-run", "--ray-address", "10.0.0.1:6379"]) == 0
-    assert "10.0.0.1:6379: resources not checked" in capsys.readouterr().out
+    with socket.create_server(("127.0.0.1", 0)) as cluster:  # it answers; its resources are not asked
+        address = f"127.0.0.1:{cluster.getsockname()[1]}"
+        assert run_cli(["sweep", str(path), "--dry-run", "--ray-address", address]) == 0
+    out = capsys.readouterr().out
+    assert f"{address}: resources not checked" in out and f"ok ray address: {address} (answers)" in out
 
 
 # ---- sweep progress: [k/N], elapsed, ETA -----------------------------------------------------------

@@ -147,7 +147,7 @@ def test_harden_keeps_haproxy_local_owner_only_bounded_and_json(tmp_path):
     assert "bind *:8000" in text  # the app's own bind follows --host (here 0.0.0.0: every interface)
     assert "mode 600 level admin" in text and "mode 666" not in text
     assert "timeout client 30000ms" in text and "timeout client 3600s" not in text
-    assert "timeout http-request 2500ms" in text and "option http-buffer-request" in text
+    assert "timeout http-request 2500ms" in text and "http-request wait-for-body time 2500ms" in text
     defaults = text.split("defaults", 1)[1].split("frontend", 1)[0]
     assert f"errorfile 503 {tmp_path}/errors/503.http" in defaults and f"{tmp_path}/500.http" not in defaults
     assert "http-response return status 503 content-type application/json" in text

@@ -26,10 +26,15 @@ from genrec.workloads.errors import UserInputError
 from genrec.workloads.results import RESULT_SCHEMA_VERSION
 
 DEFAULT_RESULTS_DIR = "runs/results"
+MAX_NAME_CHARS = 100  # a folder name (experiment=NAME) and an MLflow experiment name
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
 def check_experiment_name(name: str) -> str:
+    if len(name or "") > MAX_NAME_CHARS:
+        raise UserInputError(
+            f"experiment name {name[:40]!r}... has {len(name)} characters; use at most {MAX_NAME_CHARS}"
+        )
     if not _NAME_RE.match(name or ""):
         raise UserInputError(
             f"experiment name {name!r}: use letters, digits, '_', '-', '.' (starting with a letter or digit)"

@@ -219,7 +219,9 @@ def eval_command(
     from genrec.platform.decoder_needs import check_decoder_fits
 
     check_decoder_fits(decoder, model, draft is not None)  # e.g. beam on a NEZHA checkpoint: one line
+    check_run_capabilities(runs, device, None)  # a backend the device cannot run: before loading
     ctx, ds, _ = load_context(model, data, device, draft_dir=draft)
+    check_run_capabilities(runs, device, ctx.codec.levels)
     draft_name = model_label(draft) if draft is not None else ""
     rows = []
     for name, p in runs:
@@ -284,6 +286,15 @@ def decoder_runs(
     if baseline and decoder != "popular":
         runs.append(("popular", eval_params("popular", {}, ks)))
     return runs
+
+
+def check_run_capabilities(runs: list[tuple[str, object]], device: str, levels: int | None) -> None:
+    """Each run's parameters against what `device` (and SIDs of `levels` levels) can run: exit 2 with
+    one line, never a traceback from inside a kernel."""
+    from genrec.platform.capabilities import check_capabilities
+
+    for _, params in runs:
+        check_capabilities(params, device, levels)
 
 
 def print_eval_results(

@@ -188,7 +188,14 @@ def serve_until_stopped(cfg, http, ray_address: str | None, num_cpus: int | None
     stop = StopSignal()
     try:
         try:
-            url = start_server(cfg, http, ray_address=ray_address, num_cpus=num_cpus, checked=True)
+            url = start_server(
+                cfg,
+                http,
+                ray_address=ray_address,
+                num_cpus=num_cpus,
+                checked=True,
+                after_ray_init=stop.reinstall,
+            )
         except RuntimeError as e:
             raise UserInputError(f"the app did not come up: {e}") from None
         stop.serving = True
@@ -218,6 +225,12 @@ class StopSignal:
         self.event = threading.Event()
         self.serving = False
         self.previous = {sig: signal.signal(sig, self._handle) for sig in self.SIGNALS}
+
+    def reinstall(self) -> None:
+        """Take the signals back after `ray.init`: Ray's core worker installs a handler that aborts
+        the process on SIGTERM (exit 134, a stack dump), skipping the shutdown."""
+        for sig in self.SIGNALS:
+            signal.signal(sig, self._handle)
 
     def _handle(self, signum: int, frame) -> None:
         if self.event.is_set():

@@ -52,13 +52,16 @@ def sweep_command(
         typer.Option(help="Ray cluster to run on (default: experiment's ray.address, RAY_ADDRESS, local)."),
     ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", help="No per-trial lines.")] = False,
+    max_trials: Annotated[
+        int, typer.Option(help="Refuse an experiment that makes more trials than this.", min=1)
+    ] = 10_000,
 ) -> None:
     """Run a parameter sweep of a decoder with Ray Tune; rows go to Parquet and MLflow."""
     from genrec.platform.experiment import load_experiment, resolve_paths
 
     if resume and overwrite:
         raise UserInputError("--resume and --overwrite exclude each other: pick one")
-    cfg = load_experiment(experiment)
+    cfg = load_experiment(experiment, max_trials=max_trials)
     if results_dir is not None:
         cfg.tracking.results_dir = results_dir
         resolve_paths(cfg, Path.cwd())
@@ -126,7 +129,7 @@ def print_dry_run(cfg, ray_address: str | None = None) -> None:
     address = resolve_ray_address(cfg, ray_address)
     cluster = local_cluster(cfg) if address == "local" else None
     if cluster is None:
-        typer.echo(f"cluster  {address}: resources not checked (a dry run does not connect to a cluster)")
+        typer.echo(f"cluster  {address}: resources not checked (a dry run only checks that it answers)")
     else:
         gpu = trial_gpu(cfg.resources.gpu, cluster[1])
         fits = min(cluster[0] // cfg.resources.cpu, cluster[1] // gpu if gpu else len(trials) or 1)
@@ -142,6 +145,15 @@ def print_dry_run(cfg, ray_address: str | None = None) -> None:
         typer.echo(fmt.format("trial", *cols))
         for i, t in enumerate(trials):
             typer.echo(fmt.format(i, *(str(t.get(c, "-")) for c in cols)))
+    # what the real run checks before it starts, one line each (the first failure exits 2)
+    from genrec.platform.sweep import preflight
+    from genrec.platform.sweep.reachability import sweep_destinations
+
+    for line in sweep_destinations(cfg, address):
+        typer.echo(line)
+    if cfg.benchmark is None and cfg.model.train is None:  # a model still to train cannot be loaded yet
+        preflight(cfg, ray_address)
+        typer.echo("ok inputs: checkpoint, dataset and every trial's parameters load and fit the device")
     if cluster is not None:  # last, so the error is the last line: exit 2, as the real run would
         check_trial_resources(cfg.resources.cpu, gpu, *cluster)
 

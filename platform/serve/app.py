@@ -66,6 +66,7 @@ from genrec.platform.params import describe_parameters
 from genrec.platform.serve.batch_decoder import (
     EXPIRED,
     BatchDecoder,
+    GroupFailure,
     QueuedJob,
     response_body,  # noqa: F401 - importable from here
     token_chunks,  # noqa: F401 - importable from here
@@ -271,8 +272,8 @@ class Recommender:
                 f"no answer within request_timeout_s={self.request_timeout_s} s; the server is "
                 "overloaded: retry later or raise request_timeout_s",
             )
-        if isinstance(out, UserInputError):  # the decoder rejected this request's group
-            return error_response(422, str(out))
+        if isinstance(out, GroupFailure):  # decoding this request's group failed (422 or 500)
+            return error_response(out.status, out.message)
         server_s = time.perf_counter() - arrived
         out["timings_ms"]["server"] = server_s * 1e3
         if predicted_s:  # how late answers come against the policy's predictions calibrates admission

@@ -4,23 +4,36 @@ A batch is split into groups with the same decoder and Params (equal Params hash
 decoder calls of at most `limits.max_batch_tokens` tokens (`token_chunks`). Just before each call, the
 requests whose deadline has passed (their client already had its 504) are dropped and counted as
 `expired`. The answers come one per request, in order, as `@serve.batch` wants: the response body
-(`response_body`), EXPIRED, or the UserInputError the decoder raised for the request's group (handed
-back, not raised, so one bad group does not fail the other requests of the batch).
+(`response_body`), EXPIRED, or a GroupFailure: any exception raised while decoding the request's group
+(422 for a UserInputError, 500 naming any other error), handed back, not raised, so one bad group
+never fails the other requests of the batch. A group whose call raises anything but a UserInputError
+is decoded again one request at a time, so a fault tied to one history fails that request alone.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import defaultdict
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from genrec.platform.actors import DecoderHost
-from genrec.platform.serve.requests import Limits, RecommendJob, request_tokens
+from genrec.platform.serve.requests import Limits, RecommendJob, clip, request_tokens
 from genrec.workloads.errors import UserInputError
 
 EXPIRED = "expired"  # a batch's answer for a request whose deadline passed before it was decoded
+log = logging.getLogger(__name__)
 QueuedJob = tuple[RecommendJob, float, float]  # (job, arrived, deadline), times from time.perf_counter()
+
+
+@dataclass(frozen=True)
+class GroupFailure:
+    """A request's answer when decoding its group failed: 422 (input this deployment cannot decode)
+    or 500 (a fault, named); handed back to `@serve.batch`, never raised into it."""
+
+    status: int
+    message: str
 
 
 def token_chunks(members: list[int], tokens: list[int], budget: int) -> list[list[int]]:
@@ -96,12 +109,30 @@ class BatchDecoder:
         started: float,
         answers: list[Any],
     ) -> None:
+        """Decode `members` in one call; on a fault, each alone (so a history that trips it fails only
+        its own request). Whatever is raised becomes the answer of the requests it concerns."""
         try:  # the job's frozen Params as parsed: no re-validation, no dict round trip
             out = self.host.decode([list(requests[i][0].history) for i in members], decoder, params)
-        except UserInputError as e:
+        except Exception as e:  # noqa: BLE001 - any fault is this group's answer, never the batch's
+            if isinstance(e, UserInputError) or len(members) == 1:
+                for i in members:
+                    answers[i] = group_failure(e, decoder)
+                return
             for i in members:
-                answers[i] = e
+                self._decode_call(requests, [i], decoder, params, started, answers)
             return
         for row, i in zip(out.items, members):
             job, arrived, _ = requests[i]
             answers[i] = response_body(job, row, out, queue_ms=(started - arrived) * 1e3, batch=len(requests))
+
+
+def group_failure(error: Exception, decoder: str) -> GroupFailure:
+    """422 for what the decoder refused as input; 500 naming any other error (logged with its trace)."""
+    if isinstance(error, UserInputError):
+        return GroupFailure(422, str(error))
+    log.error("decoder %r failed on a request group", decoder, exc_info=error)
+    detail = clip(f"{type(error).__name__}: {error}", 300)
+    return GroupFailure(
+        500,
+        f"decoding failed ({detail}); only this request was affected; the replica's log has the trace",
+    )

@@ -23,7 +23,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from genrec.platform.experiment import format_validation_error
@@ -287,10 +286,12 @@ def read_serve_file(path: Path) -> ServeFile:
     """Read a Serve config file (validated with Ray's own schema) and pick out our application."""
     if not path.is_file():
         raise UserInputError(f"serve config {path}: no such file (see serve.yaml in the repo for an example)")
+    from genrec.platform.yaml_limits import load_bounded_yaml
+
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise UserInputError(f"serve config {path}: not valid YAML ({e})") from None
+        raw = load_bounded_yaml(path, "serve config") or {}
+    except UserInputError as e:
+        raise UserInputError(f"serve config {e}") from None
     from ray.serve.schema import ServeDeploySchema
 
     try:

@@ -17,8 +17,10 @@ command line, which stays the same):
 * stats and Prometheus listen on 127.0.0.1 only, on ports chosen per app (two apps coexist);
 * the admin socket is owner-only (mode 600, in a 0700 runtime folder removed at shutdown);
 * `timeout http-request` (the whole request, body included) and `timeout client` come from the serve
-  config (`body_timeout_s`, `client_timeout_s`), and `option http-buffer-request` makes HAProxy wait
+  config (`body_timeout_s`, `client_timeout_s`), and `http-request wait-for-body` makes HAProxy wait
   for a complete body before it occupies a replica;
+* an HTTP/1.1 request without Host or with an unknown HTTP version is refused (400), and a
+  /recommend body announced over the app's limit gets 413 before any `100 Continue` (`edge_rules`);
 * every error HAProxy answers itself (400, 404, 408, 413, 500, 502, 503, 504) and every non-JSON
   error a replica or Serve answers is the app's JSON shape `{"detail": "..."}`; a replica that dies
   mid-request gives the client a JSON 503 with Retry-After, never a hang.
@@ -152,6 +154,25 @@ def json_response_rules(retry_after_s: int) -> list[str]:
     return rules
 
 
+RECOMMEND_MAX_BODY_BYTES = 1 << 20  # = serve.requests.MAX_BODY_BYTES (not imported: stdlib only here)
+
+
+def edge_rules(http_request_timeout_s: float) -> list[str]:
+    """http-request rules judged on the request line and headers alone, before HAProxy asks for or
+    waits for a body: an HTTP/1.1 request without Host and an unknown HTTP version get a JSON 400, and
+    a /recommend body announced over the app's limit a JSON 413 at once, never `100 Continue` first
+    (the replica would refuse it anyway, after the client had sent it all). Then HAProxy waits for
+    the whole body (`wait-for-body`, here rather than `option http-buffer-request`, which waits
+    before any rule is judged), so only complete requests occupy a replica."""
+    return [
+        "    http-request deny deny_status 400 if { req.ver 1.1 } !{ req.hdr_cnt(host) gt 0 }",
+        "    http-request deny deny_status 400 if !{ req.ver 1.0 } !{ req.ver 1.1 } !{ req.ver 2.0 }",
+        "    http-request deny deny_status 413 if { path /recommend } "
+        f"{{ req.hdr_val(content-length) gt {RECOMMEND_MAX_BODY_BYTES} }}",
+        f"    http-request wait-for-body time {_ms(http_request_timeout_s)}",
+    ]
+
+
 def split_sections(text: str) -> list[tuple[str, list[str]]]:
     """(header, lines) per config section; a header is a line that starts without indentation."""
     sections: list[tuple[str, list[str]]] = [("", [])]
@@ -179,7 +200,7 @@ def harden(text: str, settings: GuardSettings) -> str:
         elif header in LOCAL_SECTIONS:
             lines = [BIND_ANY.sub(r"\g<1>bind 127.0.0.1:\g<2>\g<3>", line) for line in lines]
         elif header == "frontend http_frontend":
-            lines = _with_json_rules(lines, settings.retry_after_s)
+            lines = _with_json_rules(lines, settings)
         elif header == "backend default_backend":
             not_found = (
                 "    http-request return status 404 content-type application/json "
@@ -202,17 +223,17 @@ def _harden_defaults(lines: list[str], settings: GuardSettings) -> list[str]:
         "    # genrec",
         f"    timeout client {_ms(settings.client_timeout_s)}",
         f"    timeout http-request {_ms(settings.http_request_timeout_s)}",
-        "    option http-buffer-request",
         *(f"    errorfile {code} {settings.error_dir / f'{code}.http'}" for code in ERROR_CODES),
     ]
     return kept[:1] + added + kept[1:]
 
 
-def _with_json_rules(lines: list[str], retry_after_s: int) -> list[str]:
+def _with_json_rules(lines: list[str], settings: GuardSettings) -> list[str]:
     if any("genrec_json_body" in line for line in lines):
         return lines
     first_bind = next((i for i, line in enumerate(lines) if line.strip().startswith("bind ")), 0)
-    return lines[: first_bind + 1] + json_response_rules(retry_after_s) + lines[first_bind + 1 :]
+    rules = json_response_rules(settings.retry_after_s) + edge_rules(settings.http_request_timeout_s)
+    return lines[: first_bind + 1] + rules + lines[first_bind + 1 :]
 
 
 def config_path(argv: list[str]) -> str | None:

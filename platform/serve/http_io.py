@@ -28,9 +28,23 @@ def overloaded(status: int, message: str, retry_after_s: float) -> JSONResponse:
     )
 
 
+def is_json_media_type(content_type: str | None) -> bool:
+    """application/json or any application/*+json, parameters (charset) aside, in any letter case."""
+    media = (content_type or "").split(";", 1)[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+
+
 async def read_body(request: Request, max_bytes: int, timeout_s: float) -> bytes:
-    """The whole body within `timeout_s` and `max_bytes`, or RequestError (408, 413, 400): a client that
-    stalls mid-body or streams without end cannot hold an admission slot for longer than that."""
+    """The whole body within `timeout_s` and `max_bytes`, or RequestError (415, 408, 413, 400): a client
+    that stalls mid-body or streams without end cannot hold an admission slot for longer than that.
+
+    Only a JSON Content-Type is read: a browser sends a cross-origin POST without asking the server
+    first only when its type is text/plain, a form or none, so any web page a local user opens could
+    otherwise make the service decode."""
+    ctype = request.headers.get("content-type")
+    if not is_json_media_type(ctype):
+        got = f"Content-Type {ctype[:60]!r}" if ctype else "no Content-Type"
+        raise RequestError(415, f"the body must be JSON sent as Content-Type: application/json, got {got}")
     declared = request.headers.get("content-length")
     if declared is not None:
         if not declared.isdigit():

@@ -66,4 +66,5 @@ def request_limits(
         max_history_items=cfg.limits.max_history_items,
         max_batch_tokens=cfg.limits.max_batch_tokens,
         levels=host.context.codec.levels,
+        device=str(host.context.device),
     )

@@ -100,6 +100,7 @@ class Limits:
     max_history_items: int = 4096  # items in the request's history, before any truncation
     max_batch_tokens: int = 1 << 20  # beams x prompt positions of one decoder call
     levels: int = 3  # SID tokens per item (a prompt holds levels tokens per history item)
+    device: str = "cpu"  # the replica's torch device: what its kernels can run on (capabilities.py)
 
 
 WIDTH_PARAMETERS = ("beam_width", "draft_beams")  # decoder parameters whose cost grows with their value
@@ -226,6 +227,12 @@ def parse_recommend(body: bytes, limits: Limits) -> RecommendJob:
             422, describe_validation_error(e, lambda loc: sorted(RecommendRequest.model_fields))
         ) from None
     history, truncated_from, notes = check_history(req.history, limits)
+    if req.decoder == "":  # not "the default": a client that sends a name means one
+        raise RequestError(
+            422,
+            f"`decoder` is empty; leave it out for the default {limits.default_decoder!r} or choose one "
+            f"of {list(limits.decoders)}",
+        )
     decoder = req.decoder or limits.default_decoder
     if decoder not in limits.decoders:
         raise RequestError(
@@ -241,11 +248,7 @@ def check_cost(params: Any, history_items: int, limits: Limits) -> int:
     for name in WIDTH_PARAMETERS:
         value = getattr(params, name, None)
         if value is not None and value > limits.max_beam_width:
-            raise RequestError(
-                422,
-                f"`{name}` {value} is above this deployment's limit max_beam_width={limits.max_beam_width}; "
-                f"send at most {limits.max_beam_width} (or raise limits.max_beam_width in the serve config)",
-            )
+            raise RequestError(422, width_limit_message(name, value, limits))
     tokens = request_tokens(params, history_items, limits.levels)
     if tokens > limits.max_batch_tokens:
         raise RequestError(
@@ -300,14 +303,18 @@ def request_values(req: RecommendRequest) -> dict[str, Any]:
 def request_params(decoder: str, values: dict[str, Any], limits: Limits) -> Any:
     """The request's values over the decoder's served defaults -> its frozen Params, checked by the
     same adapter as YAML and the CLI (same messages), then against what this deployment built."""
+    from genrec.platform.capabilities import check_capabilities
     from genrec.platform.params import parse_decoder_params
 
+    check_limits_first(values, limits)
     base = limits.defaults[decoder]
     takes_constraint = hasattr(base, "constraint")
     if takes_constraint and isinstance(values.get("constraint"), str):
         values = named_set_values(values, limits)
     try:
         params = parse_decoder_params(decoder, values, base=base)
+        # before it is queued: a backend this replica's device cannot run would fail in the batch
+        check_capabilities(params, limits.device, limits.levels)
     except UserInputError as e:
         raise RequestError(422, str(e)) from None
     if params.k > limits.max_k:
@@ -317,6 +324,27 @@ def request_params(decoder: str, values: dict[str, Any], limits: Limits) -> Any:
     if takes_constraint:
         check_constraint_built(ConstraintFields.of(params), ConstraintFields.of(base), limits)
     return params
+
+
+def check_limits_first(values: dict[str, Any], limits: Limits) -> None:
+    """The deployment's limits on k and the widths, before the decoder's own rules: advice such as "ask
+    for beam_width >= k" must never point past a limit the client cannot raise."""
+    k = values.get("k")
+    if type(k) is int and k > limits.max_k:
+        raise RequestError(
+            422, f"`k` must be between 1 and {limits.max_k} (this deployment's limit max_k), got {k}"
+        )
+    for name in WIDTH_PARAMETERS:
+        width = values.get(name)
+        if type(width) is int and width > limits.max_beam_width:
+            raise RequestError(422, width_limit_message(name, width, limits))
+
+
+def width_limit_message(name: str, value: int, limits: Limits) -> str:
+    return (
+        f"`{name}` {value} is above this deployment's limit max_beam_width={limits.max_beam_width}; "
+        f"send at most {limits.max_beam_width} (or raise limits.max_beam_width in the serve config)"
+    )
 
 
 def named_set_values(values: dict[str, Any], limits: Limits) -> dict[str, Any]:

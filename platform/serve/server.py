@@ -12,6 +12,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -119,11 +120,16 @@ def start_server(
     num_cpus: int | None = None,
     user_config: dict[str, Any] | None = None,
     checked: bool = False,
+    after_ray_init: Callable[[], None] | None = None,
 ) -> str:
     """Deploy the app (starting local Ray and Serve if needed); returns its base URL once healthy.
-    `checked`: the caller already ran `check_before_start`."""
+    `checked`: the caller already ran `check_before_start`. `after_ray_init`: called once Ray is up
+    (`genrec serve` puts its signal handlers back there: Ray's core worker replaces them with one that
+    aborts the driver, exit 134, on SIGTERM)."""
     import ray
     from ray import serve
+
+    from genrec.platform.ray_options import local_ray_options
 
     global _STARTED_RAY
     http = http or HttpSettings()
@@ -139,6 +145,7 @@ def start_server(
             # replicas at ordinary priority: Ray runs workers at nice 15 by default, so a load
             # generator (or anything else) on the same machine would take the CPU from the replicas
             kwargs["_system_config"] = {"worker_niceness": 0}
+            kwargs.update(local_ray_options())  # session files in a folder of this user's only
         # a local Ray's processes inherit this environment; a cluster keeps the one it started with
         env = (
             ingress_environment(
@@ -154,6 +161,8 @@ def start_server(
         with started_with(env):
             ray.init(address=address, **kwargs)
         _STARTED_RAY = address == "local"
+    if after_ray_init is not None:
+        after_ray_init()
     config = app_config(cfg, http, user_config)
     serve.start(http_options=config["http_options"])
     deploy(config)

@@ -68,6 +68,7 @@ from ray import tune
 
 from genrec.platform.benchmark_trial import run_benchmark_trial
 from genrec.platform.experiment import ExperimentConfig
+from genrec.platform.experiment_checks import check_trial_capabilities
 from genrec.platform.sweep import callbacks as _callbacks
 from genrec.platform.sweep.callbacks import (
     ROW_KEY,
@@ -105,6 +106,7 @@ from genrec.platform.sweep.ray_start import (
     trial_gpu,
     trial_resources,
 )
+from genrec.platform.sweep.reachability import sweep_destinations
 from genrec.platform.sweep.results import (
     SweepSummary,
     best_configuration,
@@ -211,6 +213,7 @@ def run_sweep(
 ) -> SweepSummary:
     """Run (or resume) the sweep holding the experiment's lock, so a second sweep of the same
     experiment exits with a message instead of mixing its rows with this one's."""
+    sweep_destinations(cfg, resolve_ray_address(cfg, ray_address))  # one line each, before any write
     lock = ExperimentLock(cfg.results_dir, cfg.name).acquire(resume_hint)  # before anything is written
     try:
         return _run_sweep_locked(cfg, resume, overwrite, progress, ray_address)
@@ -274,9 +277,13 @@ def preflight(cfg: ExperimentConfig, ray_address: str | None = None) -> None:
     from genrec.platform.commands.common import check_device
     from genrec.workloads.evaluation import load_context
 
-    if resolve_ray_address(cfg, ray_address) == "local":  # a cluster's GPUs are not this machine's
+    local = resolve_ray_address(cfg, ray_address) == "local"
+    if local:  # a cluster's GPUs are not this machine's
         check_device(cfg.eval.device, "`eval.device`")
-    load_context(cfg.model.path, cfg.dataset.path, "cpu", draft_dir=cfg.draft)
+    ctx, _, _ = load_context(cfg.model.path, cfg.dataset.path, "cpu", draft_dir=cfg.draft)
+    # what the trials' device can run (a cluster's is known only when the file says cpu)
+    device = cfg.eval.device if local or cfg.eval.device == "cpu" else None
+    check_trial_capabilities(cfg, device, ctx.codec.levels)
 
 
 def start_ray(cfg: ExperimentConfig, ray_address: str | None, progress: bool) -> TrialResources:

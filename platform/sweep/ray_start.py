@@ -18,6 +18,7 @@ from typing import Any
 import ray
 
 from genrec.platform.experiment import ExperimentConfig
+from genrec.platform.ray_options import local_ray_options
 from genrec.workloads.errors import UserInputError
 
 AUTO_GPU_FRACTION = 0.25  # resources.gpu: auto -> this share of a GPU per trial when GPUs exist
@@ -103,5 +104,6 @@ def init_ray(cfg: ExperimentConfig, address: str, progress: bool = False) -> boo
         # driver prints one line per trial instead of workers' shutdown noise
         kwargs["log_to_driver"] = False
         kwargs["_system_config"] = {"worker_niceness": cfg.ray.worker_niceness}  # see RaySpec
+        kwargs.update(local_ray_options())  # session files in a folder of this user's only
     ray.init(address=address, **kwargs)
     return True

@@ -89,6 +89,7 @@ BAD_BODIES = {
     "renamed-field": ({"history": [1], "constraint_set": "all"}, 422, "renamed `constraint`"),
     "decoder-unknown": ({"history": [1], "decoder": "nope"}, 422, "'nope' is not served"),
     "decoder-int": ({"history": [1], "decoder": 3}, 422, "`decoder`"),
+    "decoder-empty": ({"history": [1], "decoder": ""}, 422, "`decoder` is empty"),
     "decoder-huge": ({"history": [1], "decoder": BIG}, 422, "is not served"),
     "k-zero": ({"history": [1], "k": 0}, 422, "`k` must be >= 1"),
     "k-negative": ({"history": [1], "k": -3}, 422, "`k`"),
@@ -96,6 +97,8 @@ BAD_BODIES = {
     "k-float": ({"history": [1], "k": 2.5}, 422, "`k`"),
     "k-above-beam": ({"history": [1], "k": 11}, 422, "larger than the beam width (10)"),
     "k-above-max-k": ({"history": [1], "k": 60, "beam_width": 60}, 422, "limit max_k"),
+    "k-10-to-18": ({"history": [1], "k": 10**18}, 422, "limit max_k"),  # not "ask for beam_width >= 1e18"
+    "k-in-params-huge": ({"history": [1], "params": {"k": 10**18}}, 422, "limit max_k"),
     "k-twice": ({"history": [1], "k": 5, "params": {"k": 5}}, 422, "given twice"),
     "beam-zero": ({"history": [1], "beam_width": 0}, 422, "`beam_width`"),
     "beam-string": ({"history": [1], "beam_width": "wide"}, 422, "`beam_width` takes an int"),
@@ -112,6 +115,16 @@ BAD_BODIES = {
     "params-not-object": ({"history": [1], "params": [1]}, 422, "`params`"),
     "params-unknown": ({"history": [1], "params": {"colour": 1}}, 422, "colour"),
     "constraint-unknown": ({"history": [1], "constraint": "nope"}, 422, "'nope' is not a constraint rule"),
+    "constraint-path-unused": (
+        {"history": [1], "constraint": "all", "params": {"constraint_path": "/etc/passwd"}},
+        422,
+        "`constraint_path` '/etc/passwd' is not used with constraint 'all'",
+    ),
+    "constraint-size-unused": (
+        {"history": [1], "params": {"constraint_size": 5}},
+        422,
+        "`constraint_size` 5 is not used with constraint 'none'",
+    ),
     "constraint-unbuilt": (
         {"history": [1], "constraint": "random", "params": {"constraint_size": 7}},
         422,
@@ -172,13 +185,21 @@ class StalledRequest:
             await asyncio.sleep(3600)
 
 
+JSON = {"content-type": "application/json"}
+
+
 @pytest.mark.parametrize(
     "headers, chunks, stall, status",
     [
-        ({}, [b'{"history": '], True, 408),  # half a body, then silence
-        ({"content-length": "99999999"}, [], False, 413),  # announced too large: refused unread
-        ({"content-length": "12abc"}, [], False, 400),
-        ({}, [b"x" * 700_000, b"x" * 700_000], False, 413),  # streamed past the limit
+        (JSON, [b'{"history": '], True, 408),  # half a body, then silence
+        ({**JSON, "content-length": "99999999"}, [], False, 413),  # announced too large: refused unread
+        ({**JSON, "content-length": "12abc"}, [], False, 400),
+        (JSON, [b"x" * 700_000, b"x" * 700_000], False, 413),  # streamed past the limit
+        # a cross-origin "simple" POST (text/plain, a form, no type) never reaches the decoder
+        ({"content-type": "text/plain"}, [b'{"history": [1]}'], False, 415),
+        ({"content-type": "application/x-www-form-urlencoded"}, [b"history=1"], False, 415),
+        ({}, [b'{"history": [1]}'], False, 415),
+        ({"content-type": "application/jsonx"}, [b"{}"], False, 415),
     ],
 )
 def test_body_reading_is_bounded_in_time_and_size(headers, chunks, stall, status):
@@ -201,3 +222,44 @@ def test_token_budget_splits_a_group_into_calls():
     assert token_chunks([0, 1, 2, 3], [5, 5, 5, 5], 10) == [[0, 1], [2, 3]]
     assert token_chunks([0, 1, 2], [10, 1, 10], 10) == [[0], [1], [2]]
     assert token_chunks([0], [99], 10) == [[0]]
+
+
+@pytest.mark.parametrize(
+    "ctype", ["application/json", "Application/JSON; charset=utf-8", "application/x+json"]
+)
+def test_json_content_types_are_read(ctype):
+    pytest.importorskip("ray.serve")
+    from genrec.platform.serve.app import read_body
+
+    got = asyncio.run(read_body(StalledRequest({"content-type": ctype}, [b"{}"], False), 1 << 20, 0.2))
+    assert got == b"{}"
+
+
+def static_limits() -> Limits:
+    return limits(
+        decoders=("static",),
+        default_decoder="static",
+        defaults={"static": parse_decoder_params("static", {"beam_width": 10, "k": 10})},
+        device="cpu",
+    )
+
+
+@pytest.mark.parametrize(
+    "params, words",
+    [
+        ({"dense_levels": 99}, "`dense_levels` 99 is not below the SIDs' 3 levels"),
+        ({"kernel": "triton"}, "`kernel` 'triton'"),
+        (
+            {"backend": "cpu_trie", "kernel": "triton"},
+            "`kernel` 'triton' is not used with backend 'cpu_trie'",
+        ),
+        (
+            {"backend": "ppv_exact", "dense_levels": 1},
+            "`dense_levels` 1 is not used with backend 'ppv_exact'",
+        ),
+    ],
+)
+def test_settings_the_request_cannot_use_are_refused_by_name(params, words):
+    with pytest.raises(RequestError) as e:
+        parse_recommend(body({"history": [1], "params": params}), static_limits())
+    assert e.value.status == 422 and words in e.value.message, e.value.message

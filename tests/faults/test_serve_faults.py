@@ -341,3 +341,37 @@ def _healthy_pid(url: str) -> int | None:
     except (urllib.error.URLError, ConnectionError, TimeoutError, AssertionError, json.JSONDecodeError):
         return None
     return body.get("pid") if status == 200 else None
+
+
+def test_a_poison_request_among_good_ones_fails_alone(app):
+    """Five rounds of 10 good requests and one the CPU deployment cannot decode (a Triton backend), sent
+    together so they share batches: the poison gets a 422 naming the parameter before it is queued,
+    every good request a 200 (tests/faults/test_isolation.py checks the batch itself)."""
+    url, _ = app
+
+    async def round_() -> list[tuple[int, dict]]:
+        async with aiohttp.ClientSession() as s:
+
+            async def one(body: dict):
+                async with s.post(f"{url}/recommend", json=body) as r:
+                    return r.status, await r.json()
+
+            good = {"history": history(), "k": 5}
+            poison = {**good, "params": {"attention": "triton"}}
+            return await asyncio.gather(*(one(poison if i == 5 else good) for i in range(11)))
+
+    for _ in range(5):
+        answers = asyncio.run(round_())
+        status, body = answers.pop(5)
+        assert status == 422 and "`attention` 'triton'" in body["detail"], (status, body)
+        assert [s for s, _ in answers] == [200] * 10, answers
+
+
+def test_a_body_not_sent_as_json_gets_415(app):
+    url, _ = app
+    req = urllib.request.Request(
+        f"{url}/recommend", data=b'{"history": [1]}', method="POST", headers={"content-type": "text/plain"}
+    )
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=10)
+    assert e.value.code == 415 and "Content-Type: application/json" in json.loads(e.value.read())["detail"]

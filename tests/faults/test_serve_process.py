@@ -163,3 +163,22 @@ def test_sigterm_to_the_process_group_is_clean_every_time(tiny_model_dir, synth_
             stop_and_check(app, signal.SIGTERM)
         finally:
             kill_session(app.proc.pid)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_to_the_driver_alone_exits_0_and_leaves_nothing(sig, tiny_model_dir, synth_dir, tmp_path):
+    """A supervisor that signals only `genrec serve` (not its process group): the command shuts the app,
+    HAProxy and its local Ray down (Ray's agents included) and exits 0, as documented in
+    docs/serving.md ("What a local Ray exposes")."""
+    app = start_app(tiny_model_dir, synth_dir, tmp_path, sig.name)
+    try:
+        assert wait_until(lambda: healthy(app), START_S, poll_s=1.0), app.log.read_text()[-3000:]
+        runtime = app.runtime()
+        os.kill(app.proc.pid, sig)
+        code = app.proc.wait(timeout=STOP_S)
+        assert code == 0, app.log.read_text()[-3000:]
+        assert wait_until(lambda: gone(app, runtime), STOP_S), (
+            f"left behind after {sig.name}: {session_members(app.proc.pid)} {listening_on(app.port)}"
+        )
+    finally:
+        kill_session(app.proc.pid)

@@ -67,6 +67,11 @@ class Manifest:
             d = json.loads(text)
         except json.JSONDecodeError as e:
             raise DatasetError(f"{path}: not valid JSON ({e}); rebuild the dataset folder") from e
+        if not isinstance(d, dict):
+            raise DatasetError(
+                f"{path}: expected a JSON object, got {type(d).__name__}; rebuild the dataset folder"
+            )
+        check_manifest_types(d, path)
         d.pop("levels", None)
         if d.get("schema_version") != SCHEMA_VERSION:
             raise DatasetError(
@@ -77,6 +82,35 @@ class Manifest:
             return cls(**d)
         except TypeError as e:
             raise DatasetError(f"{path}: unexpected fields ({e}); rebuild the dataset folder") from e
+
+
+MAX_CODEBOOK_SIZE = 1 << 20  # codes per level; far above any codebook, far below what exhausts memory
+
+
+def check_manifest_types(d: dict, path: str) -> None:
+    """The manifest's fields have their types (and `levels`, when given, matches the codebooks), so a
+    hand-edited manifest fails here naming the field, not later with a traceback."""
+    sizes = d.get("codebook_sizes")
+    if not (
+        isinstance(sizes, list)
+        and sizes
+        and all(type(c) is int and 1 <= c <= MAX_CODEBOOK_SIZE for c in sizes)
+    ):
+        raise DatasetError(
+            f"{path}: `codebook_sizes` must be a list of integers in 1..{MAX_CODEBOOK_SIZE}, got "
+            f"{sizes!r:.80}; rebuild the dataset folder"
+        )
+    if "levels" in d and (type(d["levels"]) is not int or d["levels"] != len(sizes)):
+        raise DatasetError(
+            f"{path}: `levels` must be the integer {len(sizes)} (one per codebook), got {d['levels']!r:.40}; "
+            "rebuild the dataset folder"
+        )
+    for name in ("num_users", "num_items", "feature_dim"):
+        if name in d and (type(d[name]) is not int or d[name] < 0):
+            raise DatasetError(f"{path}: `{name}` must be a non-negative integer, got {d[name]!r:.40}")
+    for name, kind in (("name", str), ("split_rule", str), ("counts", dict), ("provenance", dict)):
+        if name in d and not isinstance(d[name], kind):
+            raise DatasetError(f"{path}: `{name}` must be a {kind.__name__}, got {type(d[name]).__name__}")
 
 
 @dataclass
@@ -185,6 +219,16 @@ def validate_dataset(ds: Dataset) -> None:
         raise DatasetError(f"{where}/interactions.parquet: missing columns {sorted(missing)}")
     if missing := {"item_id", "sid"} - set(ds.items.columns):
         raise DatasetError(f"{where}/items.parquet: missing columns {sorted(missing)}")
+    for file, frame, columns in (
+        ("interactions.parquet", ds.interactions, ("user_id", "item_id", "position")),
+        ("items.parquet", ds.items, ("item_id",)),
+    ):
+        for col in columns:
+            if not pd.api.types.is_integer_dtype(frame[col].dtype):
+                raise DatasetError(
+                    f"{where}/{file}: column `{col}` holds {frame[col].dtype} values, not integers; "
+                    + REBUILD_HINT
+                )
     if len(ds.items) != m.num_items or not np.array_equal(
         ds.items["item_id"].to_numpy(), np.arange(m.num_items)
     ):

@@ -21,6 +21,11 @@ from safetensors.torch import load_file, save_file
 
 from genrec.workloads.errors import UserInputError
 from genrec.workloads.io import temp_sibling_dir
+from genrec.workloads.models.checkpoint_limits import (
+    check_against_weights,
+    check_model_section,
+    check_prompt_window,
+)
 from genrec.workloads.models.nezha_head import (
     DraftHead,
     HeadConfig,
@@ -113,9 +118,14 @@ def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu")
             "train one with `genrec train --data DIR --out DIR`"
         )
     config = read_checkpoint_config(cfg_path)
-    model_cfg = _section(cfg_path, "model", ModelConfig, config.pop("model"))
+    raw_model = config.pop("model")
+    if isinstance(raw_model, dict):  # ranges first: a hostile size must not reach a constructor
+        check_model_section(cfg_path, raw_model, RETRAIN_HINT)
+    model_cfg = _section(cfg_path, "model", ModelConfig, raw_model)
     codec = _codec(cfg_path, config.pop("codec"))
     max_items = _positive_int(cfg_path, "max_items", config.pop("max_items"))
+    check_prompt_window(cfg_path, max_items, codec.levels, model_cfg.max_seq_len, RETRAIN_HINT)
+    check_against_weights(cfg_path, weights, model_cfg, RETRAIN_HINT)
     config.pop("format_version")
     head_raw = config.pop("head", None)
     head_cfg = None if head_raw is None else _section(cfg_path, "head", HeadConfig, head_raw)
