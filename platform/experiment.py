@@ -113,7 +113,7 @@ MAX_COMBINATIONS_CHECKED = 10_000
 class ExperimentConfig(StrictModel):
     name: str
     description: str = ""
-    # a model-free benchmark (genrec.workloads.benchmarks.registry) instead of dataset + model + decoder;
+    # a model-free benchmark (genrec.workloads.benchmark_registry) instead of dataset + model + decoder;
     # params and search_space are then the benchmark function's keyword arguments
     benchmark: str | None = None
     dataset: DatasetSpec | None = None
@@ -233,7 +233,7 @@ class ExperimentConfig(StrictModel):
 
     def valid_metrics(self) -> list[str]:
         if self.benchmark is not None:
-            from genrec.workloads.benchmarks.registry import get_benchmark
+            from genrec.platform.benchmarks import get_benchmark
 
             return list(get_benchmark(self.benchmark).metrics)
         return [f"{m}@{k}" for k in self.ks for m in QUALITY_METRICS] + list(OTHER_METRICS)

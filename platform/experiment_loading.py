@@ -39,7 +39,10 @@ def load_experiment(
     (default: the current directory). Raises UserInputError naming the key path."""
     path = Path(path)
     if not path.is_file():
-        raise UserInputError(f"{path}: no such experiment file (see experiments/*.yaml for examples)")
+        raise UserInputError(
+            f"{path}: no such experiment file (see experiments/*.yaml and studies/*/experiments/*.yaml "
+            "for examples)"
+        )
     try:
         raw = yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:
@@ -88,9 +91,9 @@ def resolve_paths(cfg: ExperimentConfig, base: Path) -> None:
         if arm.model is not None:
             arm.model = absolute(arm.model)
     if cfg.benchmark is not None:  # a benchmark's path arguments (trials run in another directory)
-        from genrec.workloads.benchmarks.registry import BENCHMARKS
+        from genrec.platform.benchmarks import find_benchmark
 
-        for name in getattr(BENCHMARKS.get(cfg.benchmark), "path_params", ()):
+        for name in getattr(find_benchmark(cfg.benchmark), "path_params", ()):
             if isinstance(cfg.params.get(name), str):
                 cfg.params[name] = str(absolute(Path(cfg.params[name])))
     cfg.tracking.results_dir = absolute(cfg.tracking.results_dir)

@@ -23,7 +23,7 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from genrec.kernels import csr_level_select as cls  # noqa: E402
-from genrec.workloads.benchmarks.static_decode import synthetic_decode  # noqa: E402
+from genrec.studies.static.static_decode import synthetic_decode  # noqa: E402
 from genrec.workloads.constraints.sets import ConstraintSet  # noqa: E402
 from genrec.workloads.constraints.transition import build_transition_matrix  # noqa: E402
 from genrec.workloads.constraints.vntk import StaticMask  # noqa: E402
@@ -172,7 +172,7 @@ def test_refuses_without_cuda_or_interpreter_and_wide_beams():
     with pytest.raises(ValueError, match="beam width"):
         cls.csr_level_select_triton(lp, scores, states, tm.row_ptr, tm.edges, 2, cls.MAX_BEAM + 1)
     # the benchmark arm refuses before building anything, naming the fix
-    from genrec.workloads.benchmarks.static_level_select import level_select_unavailable
+    from genrec.studies.static.static_level_select import level_select_unavailable
 
     with mock.patch.dict(os.environ, {"TRITON_INTERPRET": "0"}):
         assert "--device cuda" in level_select_unavailable("cpu")
@@ -241,7 +241,7 @@ def test_kernel_decode_returns_the_static_decoders_sids(d):
 def test_static_step_level_select_arm(tmp_path):
     import json
 
-    from genrec.workloads.benchmarks.static_step import main
+    from genrec.studies.static.static_step import main
 
     out = tmp_path / "s.json"
     argv = f"--device {DEVICE} --vocab 16 --levels 3 --sizes 300 --batch 2 --beam 4 --dense-levels 1 "

@@ -343,7 +343,7 @@ def test_cli_eval_with_the_nezha_decoder(nezha_model_dir, tmp_path, capsys):
 def test_latency_benchmark_times_every_decoder_on_the_same_users(tiny_model_dir, nezha_model_dir, tmp_path):
     import json
 
-    from genrec.workloads.benchmarks.nezha_latency import main
+    from genrec.studies.nezha.nezha_latency import main
 
     argv = ["--beam-model", str(tiny_model_dir), "--nezha-model", str(nezha_model_dir), "--users", "12"]
     argv += ["--batch-size", "4", "--repeats", "1", "--warmup", "1", "--out", str(tmp_path / "lat.json")]
@@ -364,7 +364,7 @@ def test_latency_benchmark_times_every_decoder_on_the_same_users(tiny_model_dir,
 
 def test_latency_benchmark_can_time_hf_beam_search_on_the_beam_model(tiny_model_dir, nezha_model_dir):
     pytest.importorskip("transformers")
-    from genrec.workloads.benchmarks.nezha_latency import main
+    from genrec.studies.nezha.nezha_latency import main
 
     argv = ["--beam-model", str(tiny_model_dir), "--nezha-model", str(nezha_model_dir), "--users", "8"]
     out = main([*argv, "--batch-size", "4", "--repeats", "1", "--warmup", "1", "--with-hf"])

@@ -209,7 +209,7 @@ def test_the_harness_serves_a_tiny_model_with_both_policies_and_decoders(tiny_mo
 
 @pytest.mark.slow
 def test_the_serving_benchmark_runs_as_a_registry_entry(tiny_model_dir):
-    from genrec.workloads.benchmarks.registry import get_benchmark
+    from genrec.platform.benchmarks import get_benchmark
 
     bench = get_benchmark("xgr_serving")
     out = bench.run(

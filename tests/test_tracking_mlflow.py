@@ -106,8 +106,8 @@ def test_trial_times_are_epoch_milliseconds():
 def test_a_benchmark_rows_parameters_are_params_only_and_none_is_empty():
     pytest.importorskip("torch")
     from genrec.platform.benchmark_trial import benchmark_row
+    from genrec.platform.benchmarks import get_benchmark
     from genrec.platform.experiment import TrialSpec
-    from genrec.workloads.benchmarks.registry import get_benchmark
 
     params = {"b": 4, "d_user": 8, "d_item": 8, "d_hidden": 8, "reps": 2, "warmup": 1}
     measured = get_benchmark("mari_matmul").run(**params, threads=1)

@@ -19,7 +19,7 @@ from hypothesis import strategies as st  # noqa: E402
 from test_beam import make_ctx  # noqa: E402
 from test_extend import VOCAB, make_model, random_prompts, random_tree  # noqa: E402
 
-from genrec.workloads.benchmarks.xgr_memory import memory_point  # noqa: E402
+from genrec.studies.xgr.xgr_memory import memory_point  # noqa: E402
 from genrec.workloads.decoding import xbeam, xgr  # noqa: E402
 from genrec.workloads.decoding.base import DecoderContext, decoder_names, get_decoder, make_params  # noqa: E402
 from genrec.workloads.decoding.beam_core import select_beams  # noqa: E402

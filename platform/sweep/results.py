@@ -147,6 +147,9 @@ def build_report_hook(cfg: ExperimentConfig, summary: SweepSummary) -> Path | No
     `reports/standalone/`, for the experiment-level MLflow run (kind 'sweep'), whose artifact viewer
     has no `plotly.min.js` beside the page."""
     from genrec.dashboards.report import build_report
+    from genrec.platform.benchmarks import load_report_pages
+
+    load_report_pages()  # the studies' pages (NEZHA, AtSpeed, MaRI) register themselves
 
     out = cfg.results_dir / "reports" / f"{cfg.name}.html"
     try:
