@@ -23,7 +23,7 @@ from genrec.workloads.errors import UserInputError
 # ---- the checks --------------------------------------------------------------------------
 def validate_experiment(cfg: ExperimentConfig, check_files: bool = True) -> None:
     """Every check of a loaded experiment, by kind: a benchmark, a multi-decoder (arms), one decoder."""
-    from genrec.platform.tracking import check_experiment_name
+    from genrec.workloads.results_store import check_experiment_name
 
     try:
         check_experiment_name(cfg.name)

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 
 def _experiment_config() -> type[ExperimentConfig]:
-    """ExperimentConfig, imported when first needed: genrec.platform.experiment re-exports this
+    """ExperimentConfig, imported when first needed: genrec.platform.experiment imports this
     module's functions, so this module cannot import it at the top."""
     from genrec.platform.experiment import ExperimentConfig
 

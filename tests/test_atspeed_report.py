@@ -13,7 +13,8 @@ import pytest
 from conftest import REPO
 from html_tables import TableCells
 
-from genrec.studies.atspeed.report import build_atspeed_report, is_atspeed_frame
+from genrec.studies.atspeed.report import build_atspeed_report
+from genrec.studies.atspeed.report_rows import is_atspeed_frame
 
 SEEDS = (42, 43, 44)
 KS = (1, 10)
@@ -298,7 +299,7 @@ def test_report_command_dispatches_atspeed_rows(tmp_path):
 )
 def test_shipped_atspeed_experiments_validate(name, trials, grid):
     from genrec.platform.benchmarks import get_benchmark
-    from genrec.platform.experiment import load_experiment
+    from genrec.platform.experiment_loading import load_experiment
     from genrec.studies.atspeed.atspeed_arms import OBJECTIVES
 
     cfg = load_experiment(

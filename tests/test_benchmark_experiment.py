@@ -13,9 +13,11 @@ import yaml
 from conftest import REPO, run_cli
 
 from genrec.platform.benchmarks import benchmark_names, get_benchmark
-from genrec.platform.experiment import TrialSpec, experiment_from_dict, load_experiment
-from genrec.platform.tracking import read_results, write_result_row
+from genrec.platform.experiment import TrialSpec
+from genrec.platform.experiment_loading import experiment_from_dict, load_experiment
+from genrec.platform.tracking import write_result_row
 from genrec.workloads.errors import UserInputError
+from genrec.workloads.results_store import read_results
 
 
 def base(tmp_path: Path) -> dict:

@@ -23,6 +23,7 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from genrec.kernels import csr_level_select as cls  # noqa: E402
+from genrec.kernels.constrained_mask_torch import csr_level_select as csr_level_select_torch  # noqa: E402
 from genrec.studies.static.static_decode import synthetic_decode  # noqa: E402
 from genrec.workloads.constraints.sets import ConstraintSet  # noqa: E402
 from genrec.workloads.constraints.transition import build_transition_matrix  # noqa: E402
@@ -121,7 +122,7 @@ def test_level_select_equals_the_torch_reference(case, small_chunks):
     sizes, chosen, d, level, batch, w, beam_width, seed = case
     tm, lp, scores, states = make_inputs(sizes, chosen, d, level, batch, w, seed)
     args = (lp, scores, states, tm.row_ptr, tm.edges, tm.max_branch[level], beam_width)
-    ref = cls.csr_level_select_torch(*args)
+    ref = csr_level_select_torch(*args)
     small = {"MAX_CHUNK": 4, "MIN_LANES": 2} if small_chunks else {"MAX_CHUNK": cls.MAX_CHUNK}
     with mock.patch.multiple(cls, **small):
         tm_dev = tm.to(DEVICE)
@@ -140,7 +141,7 @@ def test_fused_log_softmax_matches_up_to_rounding(case):
     tm, _, scores, states = make_inputs(sizes, chosen, d, level, batch, w, seed)
     logits = torch.randn(batch * w, sizes[level], generator=torch.Generator().manual_seed(seed)) * 3
     args = (logits, scores, states, tm.row_ptr, tm.edges, tm.max_branch[level], beam_width)
-    ref = cls.csr_level_select_torch(*args, logits=True)
+    ref = csr_level_select_torch(*args, logits=True)
     tm_dev = tm.to(DEVICE)
     dev = (logits.to(DEVICE), scores.to(DEVICE), states.to(DEVICE), tm_dev.row_ptr, tm_dev.edges)
     got = cls.csr_level_select_triton(*dev, *args[5:], logits=True)
@@ -156,7 +157,7 @@ def test_wide_root_spans_several_chunks():
     scores = torch.tensor([[0.0], [NEG_INF]], device=DEVICE)
     states = torch.tensor([1, 1], dtype=torch.int32, device=DEVICE)
     args = (lp, scores, states, tm.row_ptr, tm.edges, tm.max_branch[0], 70)
-    got, ref = cls.csr_level_select_triton(*args), cls.csr_level_select_torch(*args)
+    got, ref = cls.csr_level_select_triton(*args), csr_level_select_torch(*args)
     for a, b in zip(got, ref):
         assert torch.equal(a, b)  # random log-probs: no ties, so even the order agrees
     assert torch.isinf(got[0][1]).all() and not got[3][70:].any()

@@ -10,7 +10,7 @@ import pytest
 from conftest import REPO, run_cli
 from experiment_files import beam_sweep, write_experiment
 
-from genrec.platform.experiment import experiment_from_dict, load_experiment
+from genrec.platform.experiment_loading import experiment_from_dict, load_experiment
 from genrec.workloads.errors import UserInputError
 
 

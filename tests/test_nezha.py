@@ -22,6 +22,7 @@ from genrec.workloads.decoding.nezha import (
 from genrec.workloads.decoding.prefix_keys import PrefixKeySets
 from genrec.workloads.errors import UserInputError
 from genrec.workloads.models.checkpoint import load_checkpoint, save_checkpoint
+from genrec.workloads.models.model_config import ModelConfig
 from genrec.workloads.models.nezha_head import (
     HeadConfig,
     append_placeholders,
@@ -29,7 +30,7 @@ from genrec.workloads.models.nezha_head import (
     head_states,
     sid_log_prob,
 )
-from genrec.workloads.models.transformer import GRTransformer, ModelConfig
+from genrec.workloads.models.transformer import GRTransformer
 from genrec.workloads.sid_codec import SIDCodec
 from genrec.workloads.training.trainer import TrainConfig, train
 

@@ -78,7 +78,7 @@ def test_unknown_arms_and_bad_budgets_are_rejected():
 
 
 def test_shipped_arm_experiment_resolves_its_paths_against_the_repository():
-    from genrec.platform.experiment import load_experiment
+    from genrec.platform.experiment_loading import load_experiment
 
     repo = Path(__file__).resolve().parents[1]
     cfg = load_experiment(
@@ -92,7 +92,7 @@ def test_shipped_arm_experiment_resolves_its_paths_against_the_repository():
 def test_arm_experiment_without_its_dataset_fails_before_ray(tmp_path):
     import yaml
 
-    from genrec.platform.experiment import load_experiment
+    from genrec.platform.experiment_loading import load_experiment
 
     repo = Path(__file__).resolve().parents[1]
     raw = yaml.safe_load((repo / "studies" / "nezha" / "experiments" / "nezha_vs_beam.yaml").read_text())

@@ -15,13 +15,14 @@ import yaml
 from conftest import REPO, run_cli
 
 from genrec.platform.benchmarks import get_benchmark
-from genrec.platform.experiment import experiment_from_dict, load_experiment
+from genrec.platform.experiment_loading import experiment_from_dict, load_experiment
 from genrec.platform.params import parse_benchmark_params
-from genrec.platform.tracking import read_results, write_result_row
+from genrec.platform.tracking import write_result_row
 from genrec.studies.static.static_point import branch_point, branch_set, scaling_point
 from genrec.workloads.constraints.sets import uniform_random
 from genrec.workloads.constraints.transition import build_transition_matrix
 from genrec.workloads.errors import UserInputError
+from genrec.workloads.results_store import read_results
 
 TINY = {"vocab": 16, "levels": 4, "batch": 2, "beam": 4, "dense_levels": 1, "reps": 3, "warmup": 1}
 

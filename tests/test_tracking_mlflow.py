@@ -9,19 +9,16 @@ import json
 
 import pytest
 
-from genrec.platform.mlflow_store import (
+from genrec.platform.mlflow_naming import RunNaming
+from genrec.platform.mlflow_rows import (
     CREATED_TAG,
     KIND_TAG,
-    NAMING_TAG,
-    PARENT_TAG,
     RUN_ID_TAG,
-    MlflowStore,
-    RunNaming,
     best_trial_row,
     split_row_for_mlflow,
-    sqlite_uri,
     trial_times_ms,
 )
+from genrec.platform.mlflow_store import NAMING_TAG, PARENT_TAG, MlflowStore, sqlite_uri
 from genrec.platform.tracking import write_result_row
 
 mlflow = pytest.importorskip("mlflow")

@@ -25,7 +25,8 @@ from genrec.workloads.decoding.base import DecoderContext, decoder_names, get_de
 from genrec.workloads.decoding.beam_core import select_beams  # noqa: E402
 from genrec.workloads.decoding.buffer_pool import BufferPool  # noqa: E402
 from genrec.workloads.errors import UserInputError  # noqa: E402
-from genrec.workloads.models.transformer import GRTransformer, model_config_for  # noqa: E402
+from genrec.workloads.models.model_config import model_config_for
+from genrec.workloads.models.transformer import GRTransformer  # noqa: E402
 from genrec.workloads.sid_codec import SIDCodec  # noqa: E402
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from genrec.platform.experiment import ExperimentConfig
-from genrec.platform.tracking import parquet_root, read_rows
+from genrec.workloads.results_store import parquet_root, read_rows
 
 if TYPE_CHECKING:
     from ray.tune import ResultGrid

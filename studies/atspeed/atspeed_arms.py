@@ -34,7 +34,7 @@ import torch
 
 from genrec.studies.nezha.nezha_arms import ensure_trained
 from genrec.workloads.errors import UserInputError
-from genrec.workloads.training.align import ATSPEED_S_READING
+from genrec.workloads.training.align_sequence_level import ATSPEED_S_READING
 from genrec.workloads.training.trainer import TrainConfig
 
 # objective name -> (trainer objective, flags)

@@ -71,7 +71,7 @@ from genrec.workloads.decoding.mixture_model import check_mix_lambda
 from genrec.workloads.errors import UserInputError, run_main
 from genrec.workloads.io import atomic_write_text
 from genrec.workloads.metrics import paired_permutation_test, paired_t_test_less
-from genrec.workloads.training.align import ATSPEED_S_READING
+from genrec.workloads.training.align_sequence_level import ATSPEED_S_READING
 
 MODULE = "genrec.studies.atspeed.atspeed_objectives"
 LITERAL = "atspeed_s-literal"

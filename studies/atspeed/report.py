@@ -29,38 +29,19 @@ from pathlib import Path
 import pandas as pd
 
 from genrec.dashboards.page import FigureWriter, PageContext, finish_page, html_table
-from genrec.studies.atspeed.report_ablations import (  # noqa: F401 - importable from here
-    ablation_pairs,
-    ablation_records,
-    paired,
-)
-from genrec.studies.atspeed.report_figures import (  # noqa: F401 - importable from here
-    VARIANT_TINT,
-    ablation_figure,
-    acceptance_figure,
-    curve_figure,
-    objective_colour,
-)
-from genrec.studies.atspeed.report_rows import (  # noqa: F401 - importable from here (is_atspeed_frame)
-    ABLATIONS,
-    LABELS,
-    MAX_LEVELS,
+from genrec.studies.atspeed.report_ablations import ablation_records
+from genrec.studies.atspeed.report_figures import ablation_figure, acceptance_figure, curve_figure
+from genrec.studies.atspeed.report_rows import (
     at_setting,
-    by_seed,
     cell,
-    is_atspeed_frame,
     label,
     latest_per_setting,
-    level_columns,
     main_setting,
-    mean_std,
-    ordered,
     ordered_groups,
     sections_by_dataset,
     tidy,
 )
-from genrec.studies.atspeed.report_tables import (  # noqa: F401 - importable from here
-    ABLATION_HEADERS,
+from genrec.studies.atspeed.report_tables import (
     TABLE2_HEADERS,
     ablation_table,
     acceptance_table,

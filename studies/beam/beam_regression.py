@@ -28,7 +28,8 @@ import torch
 from genrec.studies.common.options import add_shared_options
 from genrec.workloads.decoding.base import DecoderContext, get_decoder, make_params
 from genrec.workloads.errors import UserInputError, run_main
-from genrec.workloads.models.transformer import GRTransformer, model_config_for
+from genrec.workloads.models.model_config import model_config_for
+from genrec.workloads.models.transformer import GRTransformer
 from genrec.workloads.results import benchmark_summary
 from genrec.workloads.sid_codec import SIDCodec
 

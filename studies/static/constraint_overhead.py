@@ -29,8 +29,9 @@ from genrec.studies.common.options import add_shared_options
 from genrec.workloads.decoding import mtp as _mtp  # noqa: F401  (registers nezha)
 from genrec.workloads.decoding.base import DecoderContext, DecodeResult, get_decoder, make_params
 from genrec.workloads.errors import UserInputError, run_main
+from genrec.workloads.models.model_config import model_config_for
 from genrec.workloads.models.nezha_head import HeadConfig, build_head
-from genrec.workloads.models.transformer import GRTransformer, model_config_for
+from genrec.workloads.models.transformer import GRTransformer
 from genrec.workloads.results import benchmark_summary
 from genrec.workloads.sid_codec import SIDCodec
 

@@ -79,7 +79,8 @@ def level_inputs(tm, level: int, batch: int, w: int, gen: torch.Generator, dev: 
 
 def level_select_timing(tm, args: argparse.Namespace, dev: torch.device) -> list[dict]:
     """Per CSR level: each arm's µs per level step, the speedups over torch, and the exactness check."""
-    from genrec.kernels.csr_level_select import csr_level_select_torch, csr_level_select_triton
+    from genrec.kernels.constrained_mask_torch import csr_level_select as csr_level_select_torch
+    from genrec.kernels.csr_level_select import csr_level_select_triton
 
     gen = torch.Generator(device="cpu").manual_seed(args.seed)
     out = []

@@ -172,8 +172,8 @@ def branch_set(
 def _vntk_functions(kernel: str) -> tuple:
     """(bool-mask VNTK, fused apply VNTK) of the torch or the Triton implementation."""
     if kernel == "torch":
-        from genrec.workloads.constraints.vntk import vntk as mask_fn
-        from genrec.workloads.constraints.vntk import vntk_apply as apply_fn
+        from genrec.kernels.constrained_mask_torch import vntk as mask_fn
+        from genrec.kernels.constrained_mask_torch import vntk_apply as apply_fn
     else:
         from genrec.kernels.constrained_mask import vntk_apply_triton as apply_fn
         from genrec.kernels.constrained_mask import vntk_triton as mask_fn

@@ -58,13 +58,8 @@ import numpy as np
 import torch
 
 from genrec.studies.common.options import add_shared_options
-
-# the synthetic decode lived here before static_decode.py: all its names stay importable from here
-from genrec.studies.static.static_decode import (  # noqa: F401
+from genrec.studies.static.static_decode import (
     DecodeTiming,
-    DenseConstraint,
-    LevelTimer,
-    ReplayScorer,
     _sync,
     level_paths,
     make_logits,
@@ -102,7 +97,9 @@ STATIC_ARMS = ("static_torch", "static_dense", "static_triton")
 def kernel_timing(tm, rows: int, args: argparse.Namespace, dev: torch.device) -> list[dict]:
     """The VNTK alone, torch vs Triton, per sparse level, on `rows` random states of that level: the
     bool-mask form (`mask`, Algorithm 2 as written) and the fused form used in decoding (`apply`)."""
-    from genrec.kernels.constrained_mask import vntk_apply_torch, vntk_apply_triton, vntk_torch, vntk_triton
+    from genrec.kernels.constrained_mask import vntk_apply_triton, vntk_triton
+    from genrec.kernels.constrained_mask_torch import vntk as vntk_torch
+    from genrec.kernels.constrained_mask_torch import vntk_apply as vntk_apply_torch
 
     gen = torch.Generator(device="cpu").manual_seed(args.seed)
     out = []

@@ -12,7 +12,7 @@ the same fixed random logits per level, interleaved repeat by repeat in alternat
 process (inference mode, --threads torch threads):
 
 - ours: the beam core (beam_core.run_beam_search) with STATIC as its constraint processor, each level
-  on its cheaper path (static_step.synthetic_decode);
+  on its cheaper path (static_decode.synthetic_decode);
 - peer: `sparse_transition_torch` with a model that replays the same logits, `tokens_per_beam` =
   beam (--peer-tokens-per-beam; fewer makes its dense level inexact: the global top W is only among
   each beam's top `tokens_per_beam` when that is >= W).

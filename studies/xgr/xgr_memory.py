@@ -40,7 +40,9 @@ from genrec.studies.common.options import add_shared_options
 from genrec.workloads.decoding.xgr import DecodeBuffers
 from genrec.workloads.errors import run_main
 from genrec.workloads.io import atomic_write_text
-from genrec.workloads.models.transformer import GRTransformer, KVCache, model_config_for
+from genrec.workloads.models.kv_cache import KVCache
+from genrec.workloads.models.model_config import model_config_for
+from genrec.workloads.models.transformer import GRTransformer
 from genrec.workloads.results import command_line, current_environment
 from genrec.workloads.sid_codec import SIDCodec
 

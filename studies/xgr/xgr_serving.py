@@ -67,7 +67,8 @@ def serving_point(
     import torch
 
     from genrec.workloads.evaluation import load_context
-    from genrec.workloads.serving.harness import Arm, Options, ReplicaSetup, open_replicas, run_arms
+    from genrec.workloads.serving.arms import Arm, Options, open_replicas, run_arms
+    from genrec.workloads.serving.replicas import ReplicaSetup
 
     if threads:
         torch.set_num_threads(threads)

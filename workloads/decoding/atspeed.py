@@ -56,7 +56,8 @@ from genrec.workloads.decoding.relaxed_sampling import (
 )
 from genrec.workloads.decoding.scorers import BackboneScorer, level_log_probs
 from genrec.workloads.errors import UserInputError
-from genrec.workloads.models.transformer import GRTransformer, KVCache
+from genrec.workloads.models.kv_cache import KVCache
+from genrec.workloads.models.transformer import GRTransformer
 from genrec.workloads.sid_codec import SIDCodec
 
 NEG_INF = float("-inf")

@@ -14,8 +14,9 @@ import torch
 from torch import Tensor
 
 from genrec.workloads.decoding.base import PhaseTimer
+from genrec.workloads.models.kv_cache import KVCache
 from genrec.workloads.models.nezha_head import DraftHead
-from genrec.workloads.models.transformer import GRTransformer, KVCache
+from genrec.workloads.models.transformer import GRTransformer
 from genrec.workloads.sid_codec import SIDCodec
 
 

@@ -33,7 +33,8 @@ from genrec.workloads.decoding.processors import ConstraintProcessor
 from genrec.workloads.decoding.scorers import BackboneScorer
 from genrec.workloads.decoding.xbeam import EarlyTopK, SelectBuffers
 from genrec.workloads.errors import UserInputError
-from genrec.workloads.models.transformer import GRTransformer, KVCache
+from genrec.workloads.models.kv_cache import KVCache
+from genrec.workloads.models.transformer import GRTransformer
 from genrec.workloads.sid_codec import SIDCodec
 
 REORDERS = ("index", "copy")

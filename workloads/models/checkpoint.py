@@ -21,6 +21,7 @@ from safetensors.torch import load_file, save_file
 
 from genrec.workloads.errors import UserInputError
 from genrec.workloads.io import temp_sibling_dir
+from genrec.workloads.models.model_config import ModelConfig
 from genrec.workloads.models.nezha_head import (
     DraftHead,
     HeadConfig,
@@ -28,7 +29,7 @@ from genrec.workloads.models.nezha_head import (
     head_state_dict,
     split_head_tensors,
 )
-from genrec.workloads.models.transformer import GRTransformer, ModelConfig
+from genrec.workloads.models.transformer import GRTransformer
 from genrec.workloads.sid_codec import SIDCodec
 
 FORMAT_VERSION = 1
