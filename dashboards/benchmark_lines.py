@@ -46,7 +46,7 @@ def benchmark_metrics(df: pd.DataFrame, name: str) -> list[str]:
     """The benchmark's registered metrics present in the rows (numeric, not all NaN); else every
     numeric column that is neither a parameter nor bookkeeping."""
     try:
-        from genrec.workloads.benchmarks.registry import get_benchmark
+        from genrec.workloads.benchmark_registry import get_benchmark
 
         names = list(get_benchmark(name).metrics)
     except Exception:  # noqa: BLE001 - an unknown (e.g. renamed) benchmark: fall back to the columns

@@ -133,7 +133,7 @@ def decoder_headline(df: pd.DataFrame, options: ReportOptions, decision: Decisio
 
 
 def benchmark_headline(df: pd.DataFrame, options: ReportOptions) -> str:
-    from genrec.workloads.benchmarks.registry import BENCHMARKS
+    from genrec.workloads.benchmark_registry import BENCHMARKS
 
     parts = []
     for name, rows in df.groupby(df["benchmark"].astype(str), sort=True):

@@ -8,8 +8,9 @@ other kinds are named in a warning (stderr and the page's headline), not dropped
 registers a `PageKind` with `register_page`; `build_report` and the index page look kinds up here and
 nowhere else.
 
-Builders import their modules lazily: the NEZHA and AtSpeed pages read their benchmarks' definitions,
-which a load-test page does not need.
+This module holds the toolkit's own kinds (decoder comparison, load test, generic benchmark lines); the
+paper pages (NEZHA, AtSpeed, MaRI) live in their studies (genrec.studies.<topic>.registration) and
+register themselves when the platform loads the studies. Builders import their modules lazily.
 """
 
 from __future__ import annotations
@@ -54,24 +55,6 @@ def _loadtest(df, out, title, options, context):
     return serving_page(df, out, title, context=context)
 
 
-def _nezha(df, out, title, options, context):
-    from genrec.dashboards.nezha import build_nezha_report
-
-    return build_nezha_report(df, out, title, context=context)
-
-
-def _atspeed(df, out, title, options, context):
-    from genrec.dashboards.atspeed import build_atspeed_report
-
-    return build_atspeed_report(df, out, title, context=context)
-
-
-def _mari(df, out, title, options, context):
-    from genrec.dashboards.mari import build_mari_report
-
-    return build_mari_report(df, out, title, context=context)
-
-
 def _benchmark_lines(df, out, title, options, context):
     from genrec.dashboards.benchmark_lines import build_benchmark_lines_report
 
@@ -93,9 +76,6 @@ def register_page(kind: PageKind) -> PageKind:
 for _kind in (
     PageKind(DECODERS, "decoder comparison", _decoders),
     PageKind("loadtest", "load test (serving)", _loadtest, heading="genrec serving report"),
-    PageKind("nezha", "NEZHA arms", _nezha, claims=("nezha_arm",)),
-    PageKind("atspeed", "AtSpeed arms", _atspeed, claims=("atspeed_arm",)),
-    PageKind("mari", "MaRI benchmarks", _mari, claims=("mari_matmul", "mari_fragmented", "mari_model")),
     PageKind(BENCHMARK, "benchmarks", _benchmark_lines),
 ):
     register_page(_kind)

@@ -15,13 +15,13 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from genrec.dashboards.page import PageContext, ReportOptions, write_page
+from genrec.dashboards.page import PageContext, ReportOptions
 from genrec.dashboards.rebuild import default_out_path, rebuild_command
 from genrec.dashboards.registry import build_page
 from genrec.workloads.errors import UserInputError
 from genrec.workloads.results_store import DEFAULT_RESULTS_DIR, list_experiments, read_results
 
-__all__ = ["build_report", "default_out_path", "rebuild_command", "write_page"]
+__all__ = ["build_report"]
 
 
 def build_report(

@@ -7,7 +7,7 @@ the row of the zero-initialised [R, vocab] mask, and every slot's (token, next s
 (-1 / 0 for invalid slots) for the state advance after beam selection.
 
 `vntk_triton` has the signature and outputs of the torch reference
-`genrec.kernels.constrained_mask_torch.vntk` (re-exported here as `vntk_torch`). `vntk_apply_triton` is
+`genrec.kernels.constrained_mask_torch.vntk`. `vntk_apply_triton` is
 the fused variant used in decoding (reference `vntk_apply`): instead of a bool mask it copies the valid
 children's log-probs into a -inf-filled output, saving the separate [R, vocab] masked fill.
 Kept to the Triton 3.6 language (the lent GPU machine's version); tests run it under
@@ -20,10 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from genrec.kernels.constrained_mask_torch import vntk as vntk_torch
-from genrec.kernels.constrained_mask_torch import vntk_apply as vntk_apply_torch
-
-__all__ = ["vntk_apply_torch", "vntk_apply_triton", "vntk_torch", "vntk_triton"]
+__all__ = ["vntk_apply_triton", "vntk_triton"]
 
 
 @triton.jit

@@ -22,9 +22,9 @@ slots' next states) is about ten small kernels per level, so it is bound by laun
    and the next CSR state. Slots with value -inf (fewer than W valid candidates, or padding beams) get
    parent 0, code 0 and the sink state 0.
 
-Outputs match the torch reference `genrec.kernels.constrained_mask_torch.csr_level_select` (re-exported
-here as `csr_level_select_torch`): the same multiset of scores bit for bit given log-probs (one float32
-add per candidate in both); equal scores may come in another order, so the chosen beams agree up to ties.
+Outputs match the torch reference `genrec.kernels.constrained_mask_torch.csr_level_select`: the same
+multiset of scores bit for bit given log-probs (one float32 add per candidate in both); equal scores may
+come in another order, so the chosen beams agree up to ties.
 With `logits=True` the scores agree up to float rounding (score - lse + logit here, score + (logit -
 lse) in torch). The grid has only B programs: fine while a level is a few hundred candidates per user
 (CSR levels after the dense ones); the fused log-softmax reads w * V floats per program.
@@ -40,9 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
-from genrec.kernels.constrained_mask_torch import csr_level_select as csr_level_select_torch
-
-__all__ = ["MAX_BEAM", "MAX_CHUNK", "csr_level_select_torch", "csr_level_select_triton", "triton_runs_on"]
+__all__ = ["MAX_BEAM", "MAX_CHUNK", "csr_level_select_triton", "triton_runs_on"]
 
 MAX_CHUNK = 1024  # candidates sorted at once per program (a chunk never has fewer lanes than TOP)
 MAX_BEAM = 1024  # widest beam served: the running top-W lives in registers

@@ -22,7 +22,7 @@ from genrec.workloads.results import RESULT_SCHEMA_VERSION, current_environment,
 def benchmark_kwargs(spec: TrialSpec, params: dict, seed: int) -> dict:
     """The benchmark's keyword arguments: the experiment's params, plus seed / threads / device filled
     from the trial where the function takes them and the experiment does not fix them."""
-    from genrec.workloads.benchmarks.registry import get_benchmark
+    from genrec.platform.benchmarks import get_benchmark
 
     accepted = get_benchmark(spec.benchmark).parameters()
     kwargs = dict(params)
@@ -61,8 +61,8 @@ def benchmark_row(spec: TrialSpec, run_id: str, params: dict, seed: int, metrics
 
 def run_benchmark_trial(config: dict) -> None:
     """Tune function trainable for `benchmark:` experiments (chosen by run_sweep)."""
+    from genrec.platform.benchmarks import get_benchmark
     from genrec.platform.sweep.trial import begin_trial
-    from genrec.workloads.benchmarks.registry import get_benchmark
 
     trial = begin_trial(config)
     if trial is None:

@@ -26,7 +26,7 @@ Beside it:
                             absolute (resolve_paths), pydantic errors as key paths
     experiment_checks.py    validate_experiment: every check that needs no trial
 
-Their names are also importable from here.
+Import their names from those modules.
 """
 
 from __future__ import annotations
@@ -41,57 +41,27 @@ from typing import Any, Literal
 
 from pydantic import Field, PrivateAttr, model_validator
 
-from genrec.platform.experiment_loading import (
-    experiment_from_dict,
-    format_validation_error,
-    load_experiment,
-    resolve_paths,
-    valid_keys_at,
-)
 from genrec.platform.experiment_sections import (
-    SPACE_KINDS,
     ArmSpec,
-    Bounds,
     DatasetSpec,
     EvalSpec,
     ModelSpec,
-    RangeSpec,
     RaySpec,
     ResourcesSpec,
     SpaceSpec,
     StrictModel,
     TrackingSpec,
-    TrainSpec,
     describe_space,
     expand_range,
 )
 
-__all__ = [  # this module's own names, and the sections' and loading's, importable from here
+__all__ = [
     "MAX_COMBINATIONS_CHECKED",
     "OTHER_METRICS",
     "QUALITY_METRICS",
-    "SPACE_KINDS",
-    "ArmSpec",
-    "Bounds",
-    "DatasetSpec",
-    "EvalSpec",
     "ExperimentConfig",
-    "ModelSpec",
-    "RangeSpec",
-    "RaySpec",
-    "ResourcesSpec",
-    "SpaceSpec",
-    "TrackingSpec",
-    "TrainSpec",
     "TrialSpec",
-    "describe_space",
-    "expand_range",
-    "experiment_from_dict",
-    "format_validation_error",
-    "load_experiment",
     "plain_scalar",
-    "resolve_paths",
-    "valid_keys_at",
 ]
 
 
@@ -113,7 +83,7 @@ MAX_COMBINATIONS_CHECKED = 10_000
 class ExperimentConfig(StrictModel):
     name: str
     description: str = ""
-    # a model-free benchmark (genrec.workloads.benchmarks.registry) instead of dataset + model + decoder;
+    # a model-free benchmark (genrec.workloads.benchmark_registry) instead of dataset + model + decoder;
     # params and search_space are then the benchmark function's keyword arguments
     benchmark: str | None = None
     dataset: DatasetSpec | None = None
@@ -233,7 +203,7 @@ class ExperimentConfig(StrictModel):
 
     def valid_metrics(self) -> list[str]:
         if self.benchmark is not None:
-            from genrec.workloads.benchmarks.registry import get_benchmark
+            from genrec.platform.benchmarks import get_benchmark
 
             return list(get_benchmark(self.benchmark).metrics)
         return [f"{m}@{k}" for k in self.ks for m in QUALITY_METRICS] + list(OTHER_METRICS)

@@ -28,7 +28,7 @@ def validate_experiment(
 ) -> None:
     """Every check of a loaded experiment, by kind: a benchmark, a multi-decoder (arms), one decoder.
     The trial count is checked first, from the sizes alone: nothing is listed before it passes."""
-    from genrec.platform.tracking import check_experiment_name
+    from genrec.workloads.results_store import check_experiment_name
 
     try:
         check_experiment_name(cfg.name)
@@ -148,28 +148,13 @@ def check_trial_capabilities(cfg: ExperimentConfig, device: str | None, levels: 
             raise UserInputError(f"`arms[{i}]` ({sub.decoder}): {e}" if cfg.arms else str(e)) from None
 
 
-def _typed_candidates(cfg: ExperimentConfig, field_types: dict) -> dict[str, list[tuple[str, Any]]]:
-    """A benchmark experiment's `params` and search-space values checked against the function's
-    defaults' types; returns each search-space parameter's candidates as (key path, value) pairs."""
-    for name, value in cfg.params.items():
-        _check_type(f"params.{name}", field_types[name], value)
-    candidates: dict[str, list[tuple[str, Any]]] = {}
-    for name, spec in cfg.search_space.items():
-        _check_space(f"search_space.{name}", spec)
-        values = _candidate_values(f"search_space.{name}", spec)
-        for key, value in values:
-            _check_type(key, field_types[name], value)
-        candidates[name] = values
-    return candidates
-
-
 def validate_benchmark_experiment(cfg: ExperimentConfig) -> None:
-    """A `benchmark:` experiment: known name, params/search_space named like the function's keyword
-    arguments, values of the defaults' types, every grid combination accepted by the benchmark's check,
-    and a metric the benchmark reports."""
-    from types import SimpleNamespace
-
-    from genrec.workloads.benchmarks.registry import FILLED_BY_TRIAL, benchmark_names, get_benchmark
+    """A `benchmark:` experiment: known name, params/search_space named like the benchmark's Params
+    fields, the required ones given, every grid combination through the one parameter adapter (types,
+    then the Params' own rules), and a metric the benchmark reports."""
+    from genrec.platform.benchmarks import benchmark_names, get_benchmark
+    from genrec.platform.params import check_field_names, parse_benchmark_params
+    from genrec.workloads.benchmark_registry import FILLED_BY_TRIAL
 
     if cfg.benchmark not in benchmark_names():
         raise UserInputError(
@@ -177,40 +162,29 @@ def validate_benchmark_experiment(cfg: ExperimentConfig) -> None:
         )
     bench = get_benchmark(cfg.benchmark)
     _check_numbers(cfg)
-    sig = bench.parameters()
-    if any(p.kind is p.VAR_KEYWORD for p in sig.values()):
-        raise UserInputError(
-            f"benchmark {cfg.benchmark!r} takes **kwargs; register a function with named arguments"
-        )
-    fields_ = {
-        name: SimpleNamespace(name=name, default=MISSING if p.default is p.empty else p.default)
-        for name, p in sig.items()
-    }
+    defaults = bench.parameters()
     for section, names in (("params", cfg.params), ("search_space", cfg.search_space)):
         for name in names:
-            if name not in fields_:
-                raise UserInputError(
-                    f"`{section}.{name}`: benchmark {cfg.benchmark!r} has no parameter {name!r}; "
-                    f"valid: {sorted(fields_)}"
-                )
             if name == "seed":
                 raise UserInputError(f"`{section}.seed`: seeds go in `seeds:` (each seed is one trial)")
+            try:
+                check_field_names(bench.Params, [name], f"benchmark {cfg.benchmark!r}")
+            except UserInputError as e:
+                raise UserInputError(f"`{section}.{name}`: {e}") from None
     both = sorted(set(cfg.params) & set(cfg.search_space))
     if both:
         raise UserInputError(f"`params.{both[0]}` is also in `search_space`; keep it in one place")
-    required = [
-        n
-        for n, f in fields_.items()
-        if f.default is MISSING
-        and n not in FILLED_BY_TRIAL
-        and n not in cfg.params
-        and n not in cfg.search_space
-    ]
+    given = {*cfg.params, *cfg.search_space, *FILLED_BY_TRIAL}
+    required = [n for n, default in defaults.items() if default is MISSING and n not in given]
     if required:
         raise UserInputError(
             f"benchmark {cfg.benchmark!r} needs {required}: set them in `params` or `search_space`"
         )
-    _check_combinations(cfg, _typed_candidates(cfg, fields_), bench.check)
+    candidates = {}
+    for name, spec in cfg.search_space.items():
+        _check_space(f"search_space.{name}", spec)
+        candidates[name] = _candidate_values(f"search_space.{name}", spec)
+    _check_combinations(cfg, candidates, lambda values: parse_benchmark_params(cfg.benchmark, values))
     if cfg.metric not in cfg.valid_metrics():
         raise UserInputError(
             f"`metric`: {cfg.metric!r} is not reported by benchmark {cfg.benchmark!r}; "
@@ -297,26 +271,6 @@ def _candidate_values(key: str, spec: SpaceSpec) -> list[tuple[str, Any]]:
     return [(f"{key}.{kind}.low", ends[0]), (f"{key}.{kind}.high", ends[1])]
 
 
-def _check_type(key: str, field: Any, value: Any) -> None:
-    """Reject values whose type cannot be the decoder parameter's (judged by its default)."""
-    default = field.default if field.default is not MISSING else None
-    if default is None:
-        return
-    ok = True
-    if isinstance(default, bool):
-        ok = isinstance(value, bool)
-    elif isinstance(default, int):
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    elif isinstance(default, float):
-        ok = isinstance(value, int | float) and not isinstance(value, bool)
-    elif isinstance(default, str):
-        ok = isinstance(value, str)
-    if not ok:
-        raise UserInputError(
-            f"`{key}`: {field.name} takes a {type(default).__name__}, got {value!r} ({type(value).__name__})"
-        )
-
-
 def _check_combinations(
     cfg: ExperimentConfig, candidates: dict[str, list[tuple[str, Any]]], check: Callable[[dict], object]
 ) -> None:
@@ -350,7 +304,7 @@ def _where(cfg: ExperimentConfig, group: tuple, picked: list, param: str | None)
 
 def check_benchmark_inputs(cfg: ExperimentConfig) -> None:
     """The dataset folders a benchmark reads (its `dataset_params`) exist, before Ray starts."""
-    from genrec.workloads.benchmarks.registry import get_benchmark
+    from genrec.platform.benchmarks import get_benchmark
 
     for name in get_benchmark(cfg.benchmark).dataset_params:
         data = cfg.params.get(name)

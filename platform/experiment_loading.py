@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 
 def _experiment_config() -> type[ExperimentConfig]:
-    """ExperimentConfig, imported when first needed: genrec.platform.experiment re-exports this
+    """ExperimentConfig, imported when first needed: genrec.platform.experiment imports this
     module's functions, so this module cannot import it at the top."""
     from genrec.platform.experiment import ExperimentConfig
 
@@ -44,7 +44,10 @@ def load_experiment(
 
     path = Path(path)
     if not path.is_file():
-        raise UserInputError(f"{path}: no such experiment file (see experiments/*.yaml for examples)")
+        raise UserInputError(
+            f"{path}: no such experiment file (see experiments/*.yaml and studies/*/experiments/*.yaml "
+            "for examples)"
+        )
     raw = load_bounded_yaml(path, "experiment file")
     if not isinstance(raw, dict):
         raise UserInputError(f"{path}: expected a mapping of keys (name, dataset, model, decoder, ...)")
@@ -93,9 +96,9 @@ def resolve_paths(cfg: ExperimentConfig, base: Path) -> None:
         if arm.model is not None:
             arm.model = absolute(arm.model)
     if cfg.benchmark is not None:  # a benchmark's path arguments (trials run in another directory)
-        from genrec.workloads.benchmarks.registry import BENCHMARKS
+        from genrec.platform.benchmarks import find_benchmark
 
-        for name in getattr(BENCHMARKS.get(cfg.benchmark), "path_params", ()):
+        for name in getattr(find_benchmark(cfg.benchmark), "path_params", ()):
             if isinstance(cfg.params.get(name), str):
                 cfg.params[name] = str(absolute(Path(cfg.params[name])))
     cfg.tracking.results_dir = absolute(cfg.tracking.results_dir)

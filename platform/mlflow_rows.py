@@ -65,7 +65,7 @@ def benchmark_arguments(flat: dict) -> set[str]:
     returns them beside its measurements (mari_matmul's `b`, `d_user`, `d_cross`, ...)."""
     if not flat.get("benchmark"):
         return set()
-    from genrec.workloads.benchmarks.registry import get_benchmark
+    from genrec.platform.benchmarks import get_benchmark
 
     try:
         return set(get_benchmark(str(flat["benchmark"])).parameters())

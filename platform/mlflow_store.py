@@ -6,7 +6,7 @@ a row again never adds a second run (see MlflowStore.log_row). Parquet is the so
 `sync_from_parquet` repairs MLflow from it (a driver killed between the two writes, runs left RUNNING,
 runs logged before trials were nested or named). How a row maps to params, metrics and tags is
 genrec.platform.mlflow_rows (docs/mlflow.md lists it); how a run is named, genrec.platform.mlflow_naming.
-Both modules' names are importable from here too. mlflow is imported only when used.
+mlflow is imported only when used.
 
 A sweep is one parent run (kind 'sweep') with one child run per trial (MLflow's own
 `mlflow.parentRunId` tag, which the UI shows as an expandable row). The parent is opened when the
@@ -26,12 +26,7 @@ from genrec.platform.mlflow_naming import RunNaming
 from genrec.platform.mlflow_rows import (
     CREATED_TAG,
     KIND_TAG,
-    PARAM_COLUMNS,
     RUN_ID_TAG,
-    TAG_COLUMNS,
-    benchmark_arguments,
-    best_trial_row,
-    is_number,
     mlflow_name,
     row_identity,
     row_params,
@@ -41,30 +36,15 @@ from genrec.platform.mlflow_rows import (
 )
 from genrec.workloads.results_store import read_rows
 
-__all__ = [  # this module's own names, and the row mapping and run naming it re-exports
-    "CREATED_TAG",
+__all__ = [
     "EXPERIMENT_KIND",
     "EXPERIMENT_KIND_TAG",
-    "KIND_TAG",
     "NAMING_TAG",
     "NOTE_TAG",
-    "PARAM_COLUMNS",
     "PARENT_TAG",
-    "RUN_ID_TAG",
-    "TAG_COLUMNS",
     "MlflowStore",
-    "RunNaming",
-    "benchmark_arguments",
-    "best_trial_row",
-    "is_number",
-    "mlflow_name",
     "prepare_mlflow",
-    "row_identity",
-    "row_params",
-    "split_row_for_mlflow",
     "sqlite_uri",
-    "trial_times_ms",
-    "value_text",
 ]
 
 NAMING_TAG = "genrec.run_naming"  # on the sweep run: which values name its trials (RunNaming as JSON)

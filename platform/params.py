@@ -1,6 +1,7 @@
 """One typed path for decoder parameters: YAML experiments, `genrec eval --param`, POST /recommend.
 
-Each decoder's frozen `Params` dataclass (genrec.workloads.decoding.params) is the single source.
+Each decoder's frozen `Params` dataclass (genrec.workloads.decoding.params) is the single source. A
+`benchmark:` experiment's Params (genrec.workloads.benchmark_registry) take the same path.
 `parse_decoder_params` turns plain values from any entry point into that dataclass in three steps,
 each with one message format, so the same bad value reads the same from every entry point:
 
@@ -40,8 +41,7 @@ class ParamError(UserInputError):
     """A bad decoder parameter. `param` names the field at fault, None for a cross-field rule."""
 
     def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
+        super().__init__(message, param)
 
 
 @dataclass(frozen=True)
@@ -76,13 +76,18 @@ def type_name(t: Any) -> str:
     return getattr(t, "__name__", str(t))
 
 
-def check_names(decoder: str, names: Iterable[str]) -> None:
-    """Every name is a parameter of the decoder, else ParamError listing the valid ones."""
-    valid = sorted(f.name for f in fields(params_type(decoder)))
+def check_field_names(ptype: type, names: Iterable[str], owner: str) -> None:
+    """Every name is a field of `ptype`, else ParamError listing the valid ones (`owner`: "decoder 'x'")."""
+    valid = sorted(f.name for f in fields(ptype))
     unknown = sorted(set(names) - set(valid))
     if unknown:
         what = f"parameter {unknown[0]!r}" if len(unknown) == 1 else f"parameters {unknown}"
-        raise ParamError(f"decoder {decoder!r} has no {what}; valid: {valid}", unknown[0])
+        raise ParamError(f"{owner} has no {what}; valid: {valid}", unknown[0])
+
+
+def check_names(decoder: str, names: Iterable[str]) -> None:
+    """Every name is a parameter of the decoder, else ParamError listing the valid ones."""
+    check_field_names(params_type(decoder), names, f"decoder {decoder!r}")
 
 
 def type_error(ptype: type, e: ValidationError) -> ParamError:
@@ -152,16 +157,18 @@ def plain_values(params: Any) -> dict[str, Any]:
     return dict(params)
 
 
-def parse_decoder_params(decoder: str, values: Mapping[str, Any], base: Any = None) -> Any:
-    """`values` (over `base`: a Params object or a mapping of trusted defaults) -> the decoder's frozen,
-    validated Params. Raises ParamError / UserInputError with the same text for every entry point."""
-    ptype = params_type(decoder)
-    check_names(decoder, values)
+def parse_params(ptype: type, values: Mapping[str, Any], owner: str, base: Any = None) -> Any:
+    """`values` (over `base`) -> a frozen, validated `ptype` (a decoder's or a benchmark's Params):
+    names, then types by the cached strict adapter, then the dataclass's own `validate()`."""
+    check_field_names(ptype, values, owner)
     merged = {**plain_values(base), **values}
     try:
         typed = _adapter(ptype).validate_python(merged)
     except ValidationError as e:
         raise type_error(ptype, e) from None
+    missing = [f.name for f in fields(ptype) if f.default is MISSING and f.name not in typed]
+    if missing:
+        raise ParamError(f"{owner} needs {missing}: give a value for each", missing[0])
     params = ptype(**typed)
     check_constraint_rule(params)
     try:
@@ -169,9 +176,23 @@ def parse_decoder_params(decoder: str, values: Mapping[str, Any], base: Any = No
     except ParamError:
         raise
     except UserInputError as e:
-        raise ParamError(str(e)) from None
+        raise ParamError(str(e), getattr(e, "param", None)) from None
     check_used(params, values)
     return params
+
+
+def parse_decoder_params(decoder: str, values: Mapping[str, Any], base: Any = None) -> Any:
+    """`values` (over `base`: a Params object or a mapping of trusted defaults) -> the decoder's frozen,
+    validated Params. Raises ParamError / UserInputError with the same text for every entry point."""
+    return parse_params(params_type(decoder), values, f"decoder {decoder!r}", base)
+
+
+def parse_benchmark_params(benchmark: str, values: Mapping[str, Any]) -> Any:
+    """A `benchmark:` experiment's values -> the benchmark's frozen, validated Params, by the same
+    three steps (and so the same messages) as a decoder's."""
+    from genrec.platform.benchmarks import get_benchmark
+
+    return parse_params(get_benchmark(benchmark).Params, values, f"benchmark {benchmark!r}")
 
 
 def eval_params(decoder: str, values: Mapping[str, Any], ks: Sequence[int]) -> Any:

@@ -24,16 +24,10 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from genrec.platform.loadgen import (
-    LoadConfig,
-    Tracking,
-    find_max_rate,
-    format_sweep,
-    prepare,
-    rate_measure,
-    run_context,
-    run_one,
-)
+from genrec.platform.loadgen.capacity import find_max_rate, rate_measure
+from genrec.platform.loadgen.format import format_sweep
+from genrec.platform.loadgen.requests import LoadConfig
+from genrec.platform.loadgen.run import Tracking, prepare, run_context, run_one
 from genrec.platform.serve.config import ServeConfig
 from genrec.platform.serve.ingress import HANDLER_LOOPS, INGRESSES, resolve_ingress
 from genrec.platform.serve.server import HttpSettings, reconfigure, start_server, stop_server

@@ -1,8 +1,7 @@
 """Tracking: result rows into a Parquet dataset (the source of truth for reports), one sweep at a time.
 
 Parquet layout under the results folder, one file per result row (the read side, the layout and the
-experiment-name check live in genrec.workloads.results_store, which the dashboards read through too;
-they are re-exported here for the platform's callers):
+experiment-name check live in genrec.workloads.results_store, which the dashboards read through too):
 
     RESULTS/parquet/experiment=<name>/<run_id>.parquet
 
@@ -29,33 +28,12 @@ from genrec.workloads.errors import UserInputError
 from genrec.workloads.io import write_parquet_atomic
 from genrec.workloads.results import RESULT_SCHEMA_VERSION, ResultRow
 from genrec.workloads.results_store import (
-    DEFAULT_RESULTS_DIR,
     check_experiment_name,
     experiment_dir,
-    list_experiments,
-    parquet_root,
-    read_results,
-    read_row,
-    read_rows,
     row_path,
 )
 
-# The store's read side stays importable from here for the platform's callers (sweeps, load tests).
-__all__ = [
-    "DEFAULT_RESULTS_DIR",
-    "ExperimentBusy",
-    "ExperimentLock",
-    "check_experiment_name",
-    "delete_rows",
-    "list_experiments",
-    "parquet_root",
-    "read_results",
-    "read_row",
-    "read_rows",
-    "row_path",
-    "write_parquet_atomic",
-    "write_result_row",
-]
+__all__ = ["ExperimentBusy", "ExperimentLock", "delete_rows", "write_result_row"]
 
 
 def write_result_row(results_dir: str | os.PathLike, row: ResultRow | dict) -> Path:

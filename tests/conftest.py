@@ -7,6 +7,18 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def _load_studies() -> None:
+    """The studies' benchmarks and report pages, registered as the platform registers them before it
+    looks one up (tests call the registries and report builders directly; test_benchmark_registry.py
+    checks in a fresh process that the platform's own entry points load them)."""
+    from genrec.studies.loader import load_studies
+
+    load_studies()
+
+
+_load_studies()
 BEAUTY = REPO.parent / "shared" / "datasets" / "beauty"
 
 

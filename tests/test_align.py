@@ -14,7 +14,8 @@ from genrec.workloads.errors import UserInputError
 from genrec.workloads.evaluation import load_context
 from genrec.workloads.models.checkpoint import load_checkpoint
 from genrec.workloads.models.inputs import build_training_batch, item_token_table, training_windows
-from genrec.workloads.models.transformer import GRTransformer, ModelConfig
+from genrec.workloads.models.model_config import ModelConfig
+from genrec.workloads.models.transformer import GRTransformer
 from genrec.workloads.sid_codec import BOS, SIDCodec
 from genrec.workloads.training.align import AlignFlags, AlignObjective, mix_losses
 from genrec.workloads.training.align_context_tree import teacher_forced_log_probs

@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import run_cli
 
-from genrec.workloads.benchmarks import align_step
+from genrec.studies.atspeed import align_step
 from genrec.workloads.errors import UserInputError
 
 

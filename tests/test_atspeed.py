@@ -19,7 +19,8 @@ from genrec.workloads.decoding.relaxed_sampling import (
     sample_without_replacement,
 )
 from genrec.workloads.errors import UserInputError
-from genrec.workloads.models.transformer import GRTransformer, ModelConfig
+from genrec.workloads.models.model_config import ModelConfig
+from genrec.workloads.models.transformer import GRTransformer
 from genrec.workloads.sid_codec import SIDCodec
 
 

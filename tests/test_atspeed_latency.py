@@ -3,7 +3,7 @@ identical to beam search, and with --hf Hugging Face generate timed beside them 
 
 import pytest
 
-from genrec.workloads.benchmarks import atspeed_latency
+from genrec.studies.atspeed import atspeed_latency
 
 
 def run(synth_dir, tiny_model_dir, tmp_path, *extra: str) -> dict:

@@ -9,8 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-from genrec.workloads.benchmarks import atspeed_merge
-from genrec.workloads.benchmarks.atspeed_objectives import compare
+from genrec.studies.atspeed import atspeed_merge
+from genrec.studies.atspeed.atspeed_objectives import compare
 from genrec.workloads.errors import UserInputError
 
 SETUP = {"data": "/d", "target": "/t", "users": 8, "gamma": 2, "teacher_k": 3}
@@ -115,6 +115,6 @@ def test_missing_or_foreign_files_say_what_is_wanted(tmp_path):
     (tmp_path / "y.json").write_text(json.dumps({"args": SETUP, "rows": [{"objective": "sft", "seed": 1}]}))
     with pytest.raises(UserInputError, match=r"not an `atspeed_objectives --out` file \(KeyError\('k'\)"):
         atspeed_merge.main([str(tmp_path / "y.json")])  # a row without the fields it is looked up by
-    cmd = [sys.executable, "-m", "genrec.workloads.benchmarks.atspeed_merge", str(tmp_path / "none.json")]
+    cmd = [sys.executable, "-m", "genrec.studies.atspeed.atspeed_merge", str(tmp_path / "none.json")]
     done = subprocess.run(cmd, capture_output=True, text=True)
     assert done.returncode == 2 and "error:" in done.stderr and "Traceback" not in done.stderr

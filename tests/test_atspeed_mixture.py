@@ -24,7 +24,8 @@ from genrec.workloads.decoding.mixture_model import (
 from genrec.workloads.errors import UserInputError
 from genrec.workloads.evaluation import load_context
 from genrec.workloads.models.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
-from genrec.workloads.models.transformer import GRTransformer, ModelConfig
+from genrec.workloads.models.model_config import ModelConfig
+from genrec.workloads.models.transformer import GRTransformer
 from genrec.workloads.sid_codec import BOS, SIDCodec
 from genrec.workloads.training.teacher import (
     TeacherMixture,

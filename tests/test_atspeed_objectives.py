@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from genrec.workloads.benchmarks import atspeed_objectives
+from genrec.studies.atspeed import atspeed_objectives
 from genrec.workloads.errors import UserInputError
 from genrec.workloads.training.teacher import load_teacher
 

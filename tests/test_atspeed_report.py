@@ -1,4 +1,4 @@
-"""Issue 16's report page (dashboards/atspeed.py) built from constructed `atspeed_arm` rows: the headline
+"""Issue 16's report page (studies/atspeed/report.py) built from constructed `atspeed_arm` rows: the headline
 tables hold numbers computed here independently (statistics / scipy), and the shipped AtSpeed experiment
 files load and validate without Ray."""
 
@@ -13,7 +13,8 @@ import pytest
 from conftest import REPO
 from html_tables import TableCells
 
-from genrec.dashboards.atspeed import build_atspeed_report, is_atspeed_frame
+from genrec.studies.atspeed.report import build_atspeed_report
+from genrec.studies.atspeed.report_rows import is_atspeed_frame
 
 SEEDS = (42, 43, 44)
 KS = (1, 10)
@@ -297,11 +298,13 @@ def test_report_command_dispatches_atspeed_rows(tmp_path):
     ],
 )
 def test_shipped_atspeed_experiments_validate(name, trials, grid):
-    from genrec.platform.experiment import load_experiment
-    from genrec.workloads.benchmarks.atspeed_arms import OBJECTIVES
-    from genrec.workloads.benchmarks.registry import get_benchmark
+    from genrec.platform.benchmarks import get_benchmark
+    from genrec.platform.experiment_loading import load_experiment
+    from genrec.studies.atspeed.atspeed_arms import OBJECTIVES
 
-    cfg = load_experiment(REPO / "experiments" / f"{name}.yaml", base_dir=REPO, check_files=False)
+    cfg = load_experiment(
+        REPO / "studies" / "atspeed" / "experiments" / f"{name}.yaml", base_dir=REPO, check_files=False
+    )
     assert cfg.benchmark == "atspeed_arm" and cfg.metric in get_benchmark("atspeed_arm").metrics
     assert cfg.num_trials() == trials and cfg.seeds == [42, 43, 44]
     space = cfg.grid_values()

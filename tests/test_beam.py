@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from genrec.workloads.decoding.base import DecoderContext, ItemIndex, get_decoder, make_params
 from genrec.workloads.decoding.exhaustive import exhaustive_top_k
 from genrec.workloads.errors import UserInputError
-from genrec.workloads.models.transformer import GRTransformer, ModelConfig
+from genrec.workloads.models.model_config import ModelConfig
+from genrec.workloads.models.transformer import GRTransformer
 from genrec.workloads.sid_codec import SIDCodec
 
 

@@ -24,8 +24,9 @@ from genrec.workloads.decoding.base import DecoderContext, get_decoder, make_par
 from genrec.workloads.decoding.beam_core import select_beams
 from genrec.workloads.decoding.nezha import PythonSetVerifier, head_beam_search, reference_decode
 from genrec.workloads.decoding.processors import ConstraintProcessor
+from genrec.workloads.models.model_config import ModelConfig
 from genrec.workloads.models.nezha_head import HeadConfig, build_head
-from genrec.workloads.models.transformer import GRTransformer, ModelConfig
+from genrec.workloads.models.transformer import GRTransformer
 from genrec.workloads.sid_codec import SIDCodec
 
 DIM = 16

@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from genrec.workloads.benchmarks.beam_vs_hf import main  # noqa: E402
+from genrec.studies.beam.beam_vs_hf import main  # noqa: E402
 
 
 def test_beam_vs_hf_times_both_and_agrees_at_every_width(tiny_model_dir, tmp_path, capsys):
@@ -39,7 +39,7 @@ def test_beam_vs_hf_times_both_and_agrees_at_every_width(tiny_model_dir, tmp_pat
 
 
 def test_beam_vs_hf_fails_on_disagreement_unless_allowed(tiny_model_dir, monkeypatch, capsys):
-    from genrec.workloads.benchmarks import beam_vs_hf
+    from genrec.studies.beam import beam_vs_hf
 
     monkeypatch.setattr(beam_vs_hf, "user_agrees", lambda *args: False)  # every user disagrees
     argv = ["--model", str(tiny_model_dir), "--beam-widths", "2", "--users", "2", "--repeats", "1"]

@@ -12,10 +12,12 @@ import pytest
 import yaml
 from conftest import REPO, run_cli
 
-from genrec.platform.experiment import TrialSpec, experiment_from_dict, load_experiment
-from genrec.platform.tracking import read_results, write_result_row
-from genrec.workloads.benchmarks.registry import benchmark_names, get_benchmark
+from genrec.platform.benchmarks import benchmark_names, get_benchmark
+from genrec.platform.experiment import TrialSpec
+from genrec.platform.experiment_loading import experiment_from_dict, load_experiment
+from genrec.platform.tracking import write_result_row
 from genrec.workloads.errors import UserInputError
+from genrec.workloads.results_store import read_results
 
 
 def base(tmp_path: Path) -> dict:
@@ -41,7 +43,7 @@ def test_benchmark_experiment_needs_no_dataset_model_or_decoder(tmp_path):
 
 @pytest.mark.parametrize("name", ["mari_grid", "mari_grid_full", "mari_fragmented", "mari_model"])
 def test_shipped_mari_experiments_load(name):
-    cfg = load_experiment(REPO / "experiments" / f"{name}.yaml")
+    cfg = load_experiment(REPO / "studies" / "mari" / "experiments" / f"{name}.yaml")
     assert cfg.benchmark in benchmark_names() and cfg.metric in get_benchmark(cfg.benchmark).metrics
 
 
@@ -49,9 +51,9 @@ BAD = [
     ("benchmark", "mari_fast", ["`benchmark`", "unknown benchmark 'mari_fast'", "mari_matmul"]),
     ("params.bogus", 1, ["`params.bogus`", "has no parameter 'bogus'", "d_user"]),
     ("params.seed", 1, ["`params.seed`", "seeds"]),
-    ("params.reps", "many", ["`params.reps`", "takes a int"]),
-    ("search_space.b", {"grid": [4, 0]}, ["`search_space.b.grid[1]` = 0", "b must be an integer >= 1"]),
-    ("params.d_cross", -1, ["d_cross must be an integer >= 0"]),
+    ("params.reps", "many", ["`params.reps`", "`reps` takes an int, got 'many' (str)"]),
+    ("search_space.b", {"grid": [4, 0]}, ["`search_space.b.grid[1]` = 0", "`b` must be >= 1, got 0"]),
+    ("params.d_cross", -1, ["`params.d_cross`", "`d_cross` must be >= 0, got -1"]),
     ("metric", "recall@10", ["`metric`", "not reported by benchmark", "time_speedup"]),
     ("decoder", "beam", ["runs without a dataset, model or decoder", "decoder"]),
     ("search_space.d_item", {"grid": [8]}, ["`params.d_item` is also in `search_space`"]),

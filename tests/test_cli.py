@@ -150,7 +150,7 @@ def benchmark_experiment(tmp_path: Path, name: str, cpu: float, num_cpus: int | 
 
 
 def test_check_trial_resources():
-    from genrec.platform.sweep import check_trial_resources
+    from genrec.platform.sweep.ray_start import check_trial_resources
 
     check_trial_resources(2, 0, 2, 0)
     check_trial_resources(1, 0.25, 4, 1)
@@ -257,7 +257,7 @@ def test_progress_of_a_resumed_sweep_counts_earlier_trials(monkeypatch, capsys):
 
 def test_starting_ray_is_announced(monkeypatch, capsys, tmp_path):
     from genrec.platform import sweep
-    from genrec.platform.experiment import load_experiment
+    from genrec.platform.experiment_loading import load_experiment
 
     cfg = load_experiment(benchmark_experiment(tmp_path, "announce", cpu=1, num_cpus=2))
     calls = []
@@ -302,7 +302,7 @@ def test_a_local_sweeps_ray_workers_run_at_the_configured_niceness(tmp_path, nic
 
 
 def test_worker_niceness_outside_0_to_19_is_refused(tmp_path):
-    from genrec.platform.experiment import load_experiment
+    from genrec.platform.experiment_loading import load_experiment
 
     path = benchmark_experiment(tmp_path, "nice", cpu=1, num_cpus=1)
     raw = yaml.safe_load(path.read_text())
@@ -314,7 +314,7 @@ def test_worker_niceness_outside_0_to_19_is_refused(tmp_path):
 
 # ---- hints carry the non-default results dir -------------------------------------------------------
 def test_sweep_summary_hint_names_a_non_default_results_dir(tmp_path, monkeypatch):
-    from genrec.platform.sweep import SweepSummary
+    from genrec.platform.sweep.results import SweepSummary
 
     monkeypatch.chdir(tmp_path)
     other = tmp_path / "elsewhere"

@@ -15,12 +15,9 @@ triton = pytest.importorskip(
     "triton", reason="triton is not installed (pip install triton; CPU uses the interpreter)"
 )
 
-from genrec.kernels.constrained_mask import (  # noqa: E402
-    vntk_apply_torch,
-    vntk_apply_triton,
-    vntk_torch,
-    vntk_triton,
-)
+from genrec.kernels.constrained_mask import vntk_apply_triton, vntk_triton  # noqa: E402
+from genrec.kernels.constrained_mask_torch import vntk as vntk_torch  # noqa: E402
+from genrec.kernels.constrained_mask_torch import vntk_apply as vntk_apply_torch  # noqa: E402
 from genrec.workloads.constraints.sets import ConstraintSet, uniform_random  # noqa: E402
 from genrec.workloads.constraints.transition import build_transition_matrix  # noqa: E402
 from genrec.workloads.constraints.vntk import StaticMask  # noqa: E402

@@ -23,7 +23,8 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from genrec.kernels import csr_level_select as cls  # noqa: E402
-from genrec.workloads.benchmarks.static_decode import synthetic_decode  # noqa: E402
+from genrec.kernels.constrained_mask_torch import csr_level_select as csr_level_select_torch  # noqa: E402
+from genrec.studies.static.static_decode import synthetic_decode  # noqa: E402
 from genrec.workloads.constraints.sets import ConstraintSet  # noqa: E402
 from genrec.workloads.constraints.transition import build_transition_matrix  # noqa: E402
 from genrec.workloads.constraints.vntk import StaticMask  # noqa: E402
@@ -121,7 +122,7 @@ def test_level_select_equals_the_torch_reference(case, small_chunks):
     sizes, chosen, d, level, batch, w, beam_width, seed = case
     tm, lp, scores, states = make_inputs(sizes, chosen, d, level, batch, w, seed)
     args = (lp, scores, states, tm.row_ptr, tm.edges, tm.max_branch[level], beam_width)
-    ref = cls.csr_level_select_torch(*args)
+    ref = csr_level_select_torch(*args)
     small = {"MAX_CHUNK": 4, "MIN_LANES": 2} if small_chunks else {"MAX_CHUNK": cls.MAX_CHUNK}
     with mock.patch.multiple(cls, **small):
         tm_dev = tm.to(DEVICE)
@@ -140,7 +141,7 @@ def test_fused_log_softmax_matches_up_to_rounding(case):
     tm, _, scores, states = make_inputs(sizes, chosen, d, level, batch, w, seed)
     logits = torch.randn(batch * w, sizes[level], generator=torch.Generator().manual_seed(seed)) * 3
     args = (logits, scores, states, tm.row_ptr, tm.edges, tm.max_branch[level], beam_width)
-    ref = cls.csr_level_select_torch(*args, logits=True)
+    ref = csr_level_select_torch(*args, logits=True)
     tm_dev = tm.to(DEVICE)
     dev = (logits.to(DEVICE), scores.to(DEVICE), states.to(DEVICE), tm_dev.row_ptr, tm_dev.edges)
     got = cls.csr_level_select_triton(*dev, *args[5:], logits=True)
@@ -156,7 +157,7 @@ def test_wide_root_spans_several_chunks():
     scores = torch.tensor([[0.0], [NEG_INF]], device=DEVICE)
     states = torch.tensor([1, 1], dtype=torch.int32, device=DEVICE)
     args = (lp, scores, states, tm.row_ptr, tm.edges, tm.max_branch[0], 70)
-    got, ref = cls.csr_level_select_triton(*args), cls.csr_level_select_torch(*args)
+    got, ref = cls.csr_level_select_triton(*args), csr_level_select_torch(*args)
     for a, b in zip(got, ref):
         assert torch.equal(a, b)  # random log-probs: no ties, so even the order agrees
     assert torch.isinf(got[0][1]).all() and not got[3][70:].any()
@@ -172,7 +173,7 @@ def test_refuses_without_cuda_or_interpreter_and_wide_beams():
     with pytest.raises(ValueError, match="beam width"):
         cls.csr_level_select_triton(lp, scores, states, tm.row_ptr, tm.edges, 2, cls.MAX_BEAM + 1)
     # the benchmark arm refuses before building anything, naming the fix
-    from genrec.workloads.benchmarks.static_level_select import level_select_unavailable
+    from genrec.studies.static.static_level_select import level_select_unavailable
 
     with mock.patch.dict(os.environ, {"TRITON_INTERPRET": "0"}):
         assert "--device cuda" in level_select_unavailable("cpu")
@@ -241,7 +242,7 @@ def test_kernel_decode_returns_the_static_decoders_sids(d):
 def test_static_step_level_select_arm(tmp_path):
     import json
 
-    from genrec.workloads.benchmarks.static_step import main
+    from genrec.studies.static.static_step import main
 
     out = tmp_path / "s.json"
     argv = f"--device {DEVICE} --vocab 16 --levels 3 --sizes 300 --batch 2 --beam 4 --dense-levels 1 "

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from conftest import run_cli
 
-from genrec.workloads.data.amazon import import_amazon, k_core
+from genrec.workloads.data.amazon import import_amazon
+from genrec.workloads.data.amazon_interactions import k_core
 from genrec.workloads.data.dataset import DatasetError, load_dataset
 
 CORE_USERS = [f"U{k:02d}" for k in range(10)]

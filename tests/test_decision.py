@@ -8,9 +8,10 @@ import pytest
 
 from genrec.dashboards.decision import decide, render_decision
 from genrec.dashboards.headline import Axis
-from genrec.platform.tracking import read_results, write_result_row
+from genrec.platform.tracking import write_result_row
 from genrec.workloads.per_user import per_user_table, write_per_user
 from genrec.workloads.results import Environment, ResultRow
+from genrec.workloads.results_store import read_results
 
 USERS = 2000
 EXP = "paired"
@@ -78,7 +79,7 @@ def test_a_difference_significant_only_paired_is_reported_as_significant(tmp_pat
 
 
 def test_among_ties_best_is_the_cheaper_everywhere(tmp_path):
-    from genrec.platform.sweep import best_configuration
+    from genrec.platform.sweep.results import best_configuration
 
     rng = np.random.default_rng(1)
     beam = np.zeros(USERS, bool)

@@ -18,7 +18,7 @@ import torch
 import yaml
 
 from genrec.platform.commands.model import decoder_runs
-from genrec.platform.experiment import load_experiment
+from genrec.platform.experiment_loading import load_experiment
 from genrec.platform.params import parse_decoder_params
 from genrec.platform.serve.config import ConstraintFields
 from genrec.platform.serve.requests import Limits, RequestError, parse_recommend

@@ -25,7 +25,8 @@ def make_draft(out: Path, target_dir: Path, size: str = "tiny", codec=None, max_
     """An untrained checkpoint beside the target (weights do not matter to the plumbing): `size`,
     `codec` and `max_seq_len` default to the target's."""
     from genrec.workloads.models.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
-    from genrec.workloads.models.transformer import GRTransformer, model_config_for
+    from genrec.workloads.models.model_config import model_config_for
+    from genrec.workloads.models.transformer import GRTransformer
     from genrec.workloads.sid_codec import SIDCodec
 
     target = load_checkpoint(target_dir)
@@ -206,7 +207,7 @@ def write(tmp_path: Path, raw: dict) -> Path:
 
 
 def test_experiment_with_a_draft_parses_and_reaches_the_trials(exp, tmp_path, tiny_model_dir, monkeypatch):
-    from genrec.platform.experiment import experiment_from_dict, load_experiment
+    from genrec.platform.experiment_loading import experiment_from_dict, load_experiment
 
     cfg = load_experiment(write(tmp_path, exp))
     assert cfg.draft == tiny_model_dir.resolve() and cfg.num_trials() == 2
@@ -255,14 +256,14 @@ def test_bad_drafts_fail_validation_with_exit_2(exp, tmp_path, tiny_model_dir, c
 
 
 def test_benchmark_experiments_take_no_draft():
-    from genrec.platform.experiment import experiment_from_dict
+    from genrec.platform.experiment_loading import experiment_from_dict
 
     with pytest.raises(UserInputError, match=r"remove \['draft'\]"):
         experiment_from_dict({"name": "b", "benchmark": "static_step", "draft": "d"}, check_files=False)
 
 
 def test_atspeed_decoders_validate_once_a_draft_is_named(exp, tmp_path, tiny_model_dir):
-    from genrec.platform.experiment import experiment_from_dict
+    from genrec.platform.experiment_loading import experiment_from_dict
     from genrec.platform.serve.config import parse_serve_config
     from genrec.workloads.decoding.base import decoder_names
 

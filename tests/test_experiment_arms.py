@@ -10,7 +10,7 @@ import pytest
 import yaml
 from conftest import REPO
 
-from genrec.platform.experiment import experiment_from_dict, load_experiment
+from genrec.platform.experiment_loading import experiment_from_dict, load_experiment
 from genrec.workloads.errors import UserInputError
 
 

@@ -10,7 +10,7 @@ import pytest
 from conftest import REPO, run_cli
 from experiment_files import beam_sweep, write_experiment
 
-from genrec.platform.experiment import experiment_from_dict, load_experiment
+from genrec.platform.experiment_loading import experiment_from_dict, load_experiment
 from genrec.workloads.errors import UserInputError
 
 
@@ -192,17 +192,20 @@ def test_dry_run_prints_the_trials_and_writes_nothing(base, tmp_path, capsys):
     assert run_cli(["sweep", str(write(tmp_path, base)), "--resume", "--overwrite"]) == 2
 
 
-@pytest.mark.parametrize("name", ["beam_width.yaml", "beauty_beam.yaml"])
+@pytest.mark.parametrize("name", ["experiments/beam_width.yaml", "studies/beam/experiments/beauty_beam.yaml"])
 def test_shipped_experiments_are_valid(name):
-    cfg = load_experiment(REPO / "experiments" / name, base_dir=REPO, check_files=False)
+    cfg = load_experiment(REPO / name, base_dir=REPO, check_files=False)
     assert cfg.decoder == "beam" and cfg.num_trials() == 12
     assert cfg.dataset.path.is_absolute() and cfg.model.path.is_absolute()
 
 
 def test_every_shipped_experiment_file_validates():
     # decoder names and parameters are checked against the registry; input files may not exist yet
-    files = sorted((REPO / "experiments").glob("*.yaml"))
-    assert len(files) >= 4
+    # the general ones at the top level, each study's beside its drivers
+    files = sorted([*(REPO / "experiments").glob("*.yaml"), *(REPO / "studies").glob("*/experiments/*.yaml")])
+    assert len(files) >= 21 and {"demo.yaml", "nezha_vs_beam.yaml", "xgr_serving.yaml"} <= {
+        f.name for f in files
+    }
     for path in files:
         cfg = load_experiment(path, base_dir=REPO, check_files=False)
         assert cfg.num_trials() >= 1, path.name

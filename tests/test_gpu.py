@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from genrec.workloads.decoding.base import DecoderContext, get_decoder, make_params
-from genrec.workloads.models.transformer import GRTransformer, ModelConfig
+from genrec.workloads.models.model_config import ModelConfig
+from genrec.workloads.models.transformer import GRTransformer
 from genrec.workloads.sid_codec import SIDCodec
 
 pytestmark = [

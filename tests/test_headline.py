@@ -131,7 +131,7 @@ def test_the_crowned_rate_winner_is_the_best_median_and_clear_of_everyone(values
 
 
 def test_the_sweep_summary_crowns_by_the_same_rule():
-    from genrec.platform.sweep import best_configuration
+    from genrec.platform.sweep.results import best_configuration
 
     clear = [row("beam", 10, 0.30, 10.0), row("beam", 40, 0.45, 40.0), row("nezha", 10, 0.29, 4.0)]
     best = best_configuration(clear, "recall@10", "max")

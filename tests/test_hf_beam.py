@@ -15,7 +15,8 @@ from genrec.workloads.decoding.base import (  # noqa: E402
 )
 from genrec.workloads.decoding.hf_beam import hf_copy  # noqa: E402
 from genrec.workloads.errors import UserInputError  # noqa: E402
-from genrec.workloads.models.transformer import GRTransformer, ModelConfig  # noqa: E402
+from genrec.workloads.models.model_config import ModelConfig
+from genrec.workloads.models.transformer import GRTransformer  # noqa: E402
 from genrec.workloads.sid_codec import SIDCodec  # noqa: E402
 
 

@@ -8,7 +8,8 @@ pytest.importorskip("transformers")
 
 from genrec.workloads.decoding.base import DecoderContext, get_decoder, make_params  # noqa: E402
 from genrec.workloads.models.hf_bridge import SIDLevelLogitsProcessor, hf_beam_search, to_hf_llama  # noqa: E402
-from genrec.workloads.models.transformer import GRTransformer, ModelConfig  # noqa: E402
+from genrec.workloads.models.model_config import ModelConfig
+from genrec.workloads.models.transformer import GRTransformer  # noqa: E402
 from genrec.workloads.sid_codec import SIDCodec  # noqa: E402
 
 # HF fills beams that have no real candidate with scores near -1e9; ours uses -inf

@@ -3,11 +3,13 @@
 inside functions included)."""
 
 import ast
+import re
 import subprocess
 import sys
 import textwrap
 import zipfile
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import typer
@@ -18,6 +20,7 @@ AREAS = {
     "workloads": "genrec/workloads",
     "kernels": "genrec/kernels",
     "dashboards": "genrec/dashboards",
+    "studies": "genrec/studies",
 }
 
 
@@ -48,7 +51,10 @@ def test_workloads_import_nothing_the_gpu_machine_lacks():
         "import sys, genrec.workloads.evaluation, genrec.workloads.training.trainer, "
         "genrec.workloads.decoding.beam, genrec.workloads.tokenize.pipeline, "
         # the serving harness's entry point beside the Serve app runs there too (no Ray on that machine)
-        "genrec.workloads.serving.harness, genrec.platform.serve.harness;"
+        "genrec.workloads.serving.harness, genrec.platform.serve.harness, "
+        # the study drivers, and every study's registrations (its benchmarks, its page kind: not the page)
+        "genrec.studies.static.static_step, genrec.studies.beam.beam_vs_hf, genrec.studies.loader;"
+        "genrec.studies.loader.load_studies();"
         "bad = [m for m in ('ray', 'mlflow', 'plotly', 'pydantic', 'typer') if m in sys.modules]; print(bad)"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
@@ -56,10 +62,11 @@ def test_workloads_import_nothing_the_gpu_machine_lacks():
 
 
 # ---- the layering contract ----------------------------------------------------------------------------
-# Layers, lowest first: a module may import its own layer and the ones below. The CLI (platform) builds
-# reports (dashboards), the reports read results and benchmark definitions (workloads), and kernels are
-# leaf ops with their torch references beside them.
-LAYERS = ("kernels", "workloads", "dashboards", "platform")
+# Layers, lowest first: a module may import its own layer and the ones below. The CLI (platform) loads
+# the studies (their benchmarks and report pages), a study's report page builds on the report toolkit
+# (dashboards), the reports read results and the benchmark registry (workloads), and kernels are leaf ops
+# with their torch references beside them.
+LAYERS = ("kernels", "workloads", "dashboards", "studies", "platform")
 # What the lent GPU machine has besides the standard library: workloads and kernels run there from a
 # plain checkout, so anything else (ray, mlflow, plotly, pydantic, typer, fastapi, starlette, yaml, ...)
 # is refused there.
@@ -69,7 +76,10 @@ GPU_MACHINE_HAS = frozenset(
 # Optional peers: allowed only inside functions (or for typing), where the comparison that needs them runs
 # (genrec_old: an older commit of this repo exported by benchmarks/beam_regression.py).
 OPTIONAL_PEERS = frozenset({"transformers", "genrec_old"})
-GPU_ONLY_AREAS = ("workloads", "kernels")
+GPU_ONLY_AREAS = ("workloads", "kernels", "studies")
+# A study's report page modules draw with plotly (dashboards' toolkit): the one part of a study that
+# does not run on the lent GPU machine. Its drivers and registration module do.
+STUDY_REPORT_PAGE = re.compile(r"^studies/\w+/report(_\w+)?\.py$")
 # The Triton kernel modules; every other kernels module (the torch references) must import without triton.
 TRITON_KERNELS = frozenset(
     {
@@ -159,9 +169,11 @@ def layer_rule(area: str, imp: Import) -> list[str]:
     return [f"imports genrec.{layer} [layers: {order}; {area} imports only {allowed}]" for layer in above]
 
 
-def gpu_machine_rule(area: str, imp: Import) -> list[str]:
-    top = imp.module.split(".")[0]
+def gpu_machine_rule(rel_path: str, imp: Import) -> list[str]:
+    area, top = rel_path.split("/")[0], imp.module.split(".")[0]
     if area not in GPU_ONLY_AREAS or top in ("genrec", *sys.stdlib_module_names, *GPU_MACHINE_HAS):
+        return []
+    if STUDY_REPORT_PAGE.match(rel_path):
         return []
     if top in OPTIONAL_PEERS:
         why = "optional peers are imported inside the function that uses them"
@@ -191,24 +203,99 @@ def violations(rel_path: str, source: str) -> list[str]:
     return [
         f"{rel_path}:{imp.line}: {problem}"
         for imp in imports_of(source, rel_path)
-        for problem in [*layer_rule(area, imp), *gpu_machine_rule(area, imp), *triton_rule(rel_path, imp)]
+        for problem in [*layer_rule(area, imp), *gpu_machine_rule(rel_path, imp), *triton_rule(rel_path, imp)]
     ]
 
 
-def code_modules() -> list[str]:
+def code_modules(root: Path = REPO) -> list[str]:
     return sorted(
-        p.relative_to(REPO).as_posix()
+        p.relative_to(root).as_posix()
         for area in LAYERS
-        for p in (REPO / area).rglob("*.py")
+        for p in (root / area).rglob("*.py")
         if "__pycache__" not in p.parts
     )
+
+
+def tree_violations(root: Path = REPO) -> list[str]:
+    """Every violation in every code module of the tree at ROOT."""
+    return [v for m in code_modules(root) for v in violations(m, (root / m).read_text(encoding="utf-8"))]
 
 
 def test_every_module_keeps_the_layering_contract():
     modules = code_modules()
     assert {"kernels/constrained_mask_torch.py", "workloads/results_store.py"} <= set(modules)
-    found = [v for m in modules for v in violations(m, (REPO / m).read_text(encoding="utf-8"))]
+    assert {"studies/loader.py", "studies/nezha/nezha_arms.py", "studies/nezha/report.py"} <= set(modules)
+    found = tree_violations()
     assert not found, "layering contract broken:\n" + "\n".join(found)
+
+
+# ---- where benchmark drivers and paper pages live -------------------------------------------------------
+PAPERS = ("atspeed", "nezha", "static", "xgr", "mari", "beam")
+# entry points below the studies that are not benchmark drivers: the serving harness beside the Serve app
+# and the report browser check (dashboards/browser.py: opens a page in headless Chromium)
+NOT_DRIVERS = frozenset({"workloads/serving/harness.py", "dashboards/browser.py"})
+
+
+def is_driver(source: str) -> bool:
+    """A `python -m` benchmark driver: it parses flags and runs as __main__."""
+    return "argparse" in source and 'if __name__ == "__main__"' in source
+
+
+def paper_page_calls(source: str) -> list[int]:
+    """Lines of `PageKind(..., claims=...)`: a page that draws a paper's benchmark rows."""
+    return [
+        node.lineno
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Call)
+        and getattr(node.func, "id", getattr(node.func, "attr", "")) == "PageKind"
+        and any(kw.arg == "claims" for kw in node.keywords)
+    ]
+
+
+def test_workloads_hold_no_benchmark_driver_and_dashboards_no_paper_page():
+    assert not (REPO / "workloads" / "benchmarks").exists()
+    drivers = [
+        m
+        for m in code_modules()
+        if m.startswith(("workloads/", "kernels/", "dashboards/"))
+        and m not in NOT_DRIVERS
+        and is_driver((REPO / m).read_text(encoding="utf-8"))
+    ]
+    assert not drivers, f"benchmark drivers belong in studies/<topic>/: {drivers}"
+    pages = [
+        m
+        for m in code_modules()
+        if m.startswith("dashboards/")
+        and (Path(m).stem.startswith(PAPERS) or paper_page_calls((REPO / m).read_text(encoding="utf-8")))
+    ]
+    assert not pages, f"paper pages belong in studies/<topic>/report*.py: {pages}"
+    # and the studies do hold them: every topic, its drivers and its experiment files
+    for topic in PAPERS:
+        assert (REPO / "studies" / topic / "__init__.py").is_file(), topic
+        assert list((REPO / "studies" / topic).glob("*.py")), topic
+    assert list((REPO / "studies" / "nezha" / "experiments").glob("*.yaml"))
+
+
+def test_the_checks_catch_a_planted_driver_and_paper_page():
+    driver = 'import argparse\n\nif __name__ == "__main__":\n    main()\n'
+    assert is_driver(driver) and not is_driver("import argparse\n")
+    page = "from genrec.dashboards.registry import PageKind\nK = PageKind('x', 'X', f, claims=('x_arm',))\n"
+    assert paper_page_calls(page) == [2] and paper_page_calls("PageKind('decoders', 'd', f)\n") == []
+
+
+def test_contract_fails_on_a_planted_upward_import_in_the_tree(tmp_path):
+    """The whole-tree check, not only `violations`: the same tree with one workloads module that imports a
+    study fails it, naming the file, the line and the rule; without the planted module it passes."""
+    for m in ("workloads/errors.py", "studies/loader.py", "studies/nezha/nezha_arms.py"):
+        (tmp_path / m).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / m).write_text((REPO / m).read_text(encoding="utf-8"))
+    assert tree_violations(tmp_path) == []
+    (tmp_path / "workloads" / "planted.py").write_text(
+        "from genrec.workloads.errors import UserInputError\n\n\ndef f():\n    import genrec.studies.loader\n"
+    )
+    layers = "kernels < workloads < dashboards < studies < platform"
+    rule = f"layers: {layers}; workloads imports only kernels, workloads"
+    assert tree_violations(tmp_path) == [f"workloads/planted.py:5: imports genrec.studies [{rule}]"]
 
 
 def test_triton_kernels_named_in_the_contract_exist():
@@ -228,6 +315,21 @@ BANNED = [  # (module path, source, line and what the report must name)
     ("dashboards/x.py", "def f():\n    from genrec.platform import sweep\n", 2, "genrec.platform"),
     ("workloads/a/b.py", "from ... import dashboards\n", 1, "genrec.dashboards"),
     ("workloads/a/__init__.py", "from ... import platform\n", 1, "genrec.platform"),  # a package: . is itself
+    # nothing below the studies imports one (the registries are filled from above, by the platform)
+    ("workloads/x.py", "from genrec.studies.nezha import nezha_arms\n", 1, "genrec.studies"),
+    ("workloads/x.py", "def f():\n    import genrec.studies.loader\n", 2, "genrec.studies"),
+    (
+        "dashboards/x.py",
+        "from genrec.studies.atspeed.report import build_atspeed_report\n",
+        1,
+        "genrec.studies",
+    ),
+    ("kernels/x.py", "from genrec.studies.static import static_point\n", 1, "genrec.studies"),
+    ("studies/a/b.py", "from genrec.platform.params import parse_params\n", 1, "genrec.platform"),
+    # study drivers run on the lent GPU machine; only their report page modules may draw with plotly
+    ("studies/nezha/nezha_arms.py", "import plotly\n", 1, "plotly"),
+    ("studies/xgr/registration.py", "def f():\n    import pydantic\n", 2, "pydantic"),
+    ("studies/mari/reporting.py", "import plotly\n", 1, "plotly"),
 ]
 
 
@@ -259,6 +361,15 @@ ALLOWED = {
     """,
     "dashboards/x.py": "import plotly\nfrom genrec.workloads.results_store import read_results\n",
     "platform/x.py": "import ray\nfrom genrec.dashboards.report import build_report\n",
+    "studies/nezha/report.py": "import plotly\nfrom genrec.dashboards.page import FigureWriter\n",
+    "studies/atspeed/report_figures.py": "import plotly.graph_objects\n",
+    "studies/a/b.py": """
+        import torch
+        from genrec.dashboards.registry import register_page
+        from genrec.studies.common.cuda_graph import capture_cuda_graph
+        from genrec.workloads.benchmark_registry import register_benchmark
+    """,
+    "platform/y.py": "from genrec.studies.loader import load_studies\n",
 }
 
 

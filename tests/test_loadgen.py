@@ -19,10 +19,13 @@ from conftest import run_cli
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from genrec.platform import loadgen
-from genrec.platform.loadgen import LoadConfig, RatePoint, RequestRecord
-from genrec.platform.tracking import read_rows
+from genrec.platform.loadgen.capacity import RatePoint, best_of, find_max_rate, sweep_rates
+from genrec.platform.loadgen.client import OUTCOMES, RequestRecord, run_load
+from genrec.platform.loadgen.requests import LoadConfig, RequestSource, arrival_schedule, inter_arrival_cv
+from genrec.platform.loadgen.run import Tracking, load_histories, prepare, run_context, run_one
+from genrec.platform.loadgen.stats import LoadSummary, summarize
 from genrec.workloads.errors import UserInputError
+from genrec.workloads.results_store import read_rows
 
 # ------------------------------------------------------------------------------------- stub server
 
@@ -142,12 +145,12 @@ def stub(synth_dir):
 
 @pytest.fixture(scope="module")
 def histories(synth_dir) -> list[list[int]]:
-    return loadgen.load_histories(synth_dir)
+    return load_histories(synth_dir)
 
 
-def run(cfg: LoadConfig, histories) -> tuple[list[RequestRecord], loadgen.LoadSummary]:
-    records, _ = asyncio.run(loadgen.run_load(cfg, histories))
-    return records, loadgen.summarize(records, cfg)
+def run(cfg: LoadConfig, histories) -> tuple[list[RequestRecord], LoadSummary]:
+    records, _ = asyncio.run(run_load(cfg, histories))
+    return records, summarize(records, cfg)
 
 
 def free_port() -> int:
@@ -160,27 +163,27 @@ def free_port() -> int:
 
 
 def test_schedule_has_the_rate_and_is_seeded():
-    times = loadgen.arrival_schedule(rate=100, duration_s=100, seed=1)
+    times = arrival_schedule(rate=100, duration_s=100, seed=1)
     assert abs(len(times) - 10_000) < 4 * math.sqrt(10_000)  # Poisson count: mean = var = rate * T
     assert np.all(np.diff(times) > 0) and times[0] >= 0 and times[-1] < 100
-    assert abs(loadgen.inter_arrival_cv(times) - 1.0) < 0.05  # exponential gaps
-    np.testing.assert_array_equal(times, loadgen.arrival_schedule(100, 100, seed=1))
-    assert not np.array_equal(times[:50], loadgen.arrival_schedule(100, 100, seed=2)[:50])
+    assert abs(inter_arrival_cv(times) - 1.0) < 0.05  # exponential gaps
+    np.testing.assert_array_equal(times, arrival_schedule(100, 100, seed=1))
+    assert not np.array_equal(times[:50], arrival_schedule(100, 100, seed=2)[:50])
 
 
 def test_burstiness_sets_the_cv_but_not_the_rate():
-    bursty = loadgen.arrival_schedule(rate=100, duration_s=300, seed=3, burstiness=3.0)
-    smooth = loadgen.arrival_schedule(rate=100, duration_s=300, seed=3, burstiness=0.5)
-    assert abs(loadgen.inter_arrival_cv(bursty) - 3.0) < 0.3
-    assert abs(loadgen.inter_arrival_cv(smooth) - 0.5) < 0.05
+    bursty = arrival_schedule(rate=100, duration_s=300, seed=3, burstiness=3.0)
+    smooth = arrival_schedule(rate=100, duration_s=300, seed=3, burstiness=0.5)
+    assert abs(inter_arrival_cv(bursty) - 3.0) < 0.3
+    assert abs(inter_arrival_cv(smooth) - 0.5) < 0.05
     for times in (bursty, smooth):
         assert abs(len(times) / 300 - 100) < 10
 
 
 def test_requests_are_seeded_histories():
     hist = [[1, 2], [3], [4, 5, 6]]
-    a = loadgen.RequestSource(hist, {"k": 5, "decoder": "beam"}, seed=7)
-    b = loadgen.RequestSource(hist, {"k": 5, "decoder": "beam"}, seed=7)
+    a = RequestSource(hist, {"k": 5, "decoder": "beam"}, seed=7)
+    b = RequestSource(hist, {"k": 5, "decoder": "beam"}, seed=7)
     drawn = [a.next() for _ in range(20)]
     assert drawn == [b.next() for _ in range(20)]
     assert [i for i, _ in drawn] == list(range(20))
@@ -197,14 +200,14 @@ def _record(i: int, outcome: str, warmup: bool, latency: float) -> RequestRecord
 @settings(max_examples=40, deadline=None)
 @given(
     st.lists(
-        st.tuples(st.sampled_from(loadgen.OUTCOMES), st.booleans(), st.floats(0.1, 500)),
+        st.tuples(st.sampled_from(OUTCOMES), st.booleans(), st.floats(0.1, 500)),
         min_size=1,
         max_size=60,
     )
 )
 def test_summary_accounts_for_every_request(rows):
     records = [_record(i, o, w, lat) for i, (o, w, lat) in enumerate(rows)]
-    s = loadgen.summarize(records, LoadConfig(rate=100, duration_s=1, warmup_s=0))
+    s = summarize(records, LoadConfig(rate=100, duration_s=1, warmup_s=0))
     assert s.sent == sum(not w for _, w, _ in rows) and s.warmup == len(rows) - s.sent
     assert s.sent == s.answered + s.rejected + s.errors + s.timeouts
     if s.sent:
@@ -215,7 +218,7 @@ def test_summary_refuses_a_request_without_outcome():
     records = [_record(0, "answered", False, 5.0), _record(1, "answered", False, 5.0)]
     records[1].outcome = "pending"
     with pytest.raises(AssertionError, match="without an outcome"):
-        loadgen.summarize(records, LoadConfig())
+        summarize(records, LoadConfig())
 
 
 def _fake_measure(capacity: float, slo_ms: float, calls: list[float]):
@@ -232,23 +235,23 @@ def _fake_measure(capacity: float, slo_ms: float, calls: list[float]):
 def test_find_max_rate_grows_then_bisects():
     calls: list[float] = []
     # 10 / (1 - r/100) <= 40  <=>  r <= 75: grow 5..80 (fails), then bisect between 40 and 80
-    search = loadgen.find_max_rate(_fake_measure(100, 40, calls), start_rate=5, max_rate=1000, refine_steps=8)
+    search = find_max_rate(_fake_measure(100, 40, calls), start_rate=5, max_rate=1000, refine_steps=8)
     assert calls[:6] == [5, 10, 20, 40, 80, 60]
     assert 72 <= search.best_rate <= 75 and not search.hit_limit
     assert len(calls) == len(set(calls)) == len(search.points)
     # every rate meets the SLO up to the cap: the answer is the cap, flagged as a lower bound
-    capped = loadgen.find_max_rate(_fake_measure(1e9, 50, []), start_rate=5, max_rate=30)
+    capped = find_max_rate(_fake_measure(1e9, 50, []), start_rate=5, max_rate=30)
     assert capped.best_rate == 30 and capped.hit_limit
-    assert loadgen.find_max_rate(_fake_measure(100, 5, []), start_rate=5, max_rate=50).best_rate is None
+    assert find_max_rate(_fake_measure(100, 5, []), start_rate=5, max_rate=50).best_rate is None
     with pytest.raises(UserInputError, match="start-rate"):
-        loadgen.find_max_rate(_fake_measure(100, 50, []), start_rate=0, max_rate=10)
+        find_max_rate(_fake_measure(100, 50, []), start_rate=0, max_rate=10)
 
 
 def test_sweep_rates_takes_the_highest_rate_below_the_first_failure():
-    search = loadgen.sweep_rates(_fake_measure(100, 50, []), [90, 10, 50])
+    search = sweep_rates(_fake_measure(100, 50, []), [90, 10, 50])
     assert [p.rate for p in search.points] == [10, 50, 90] and search.best_rate == 50
     noisy = [RatePoint(10, 5, 0, True), RatePoint(20, 90, 0, False), RatePoint(30, 40, 0, True)]
-    assert loadgen.best_of(noisy) == 10
+    assert best_of(noisy) == 10
 
 
 # ------------------------------------------------------------------------------- against the stub
@@ -311,10 +314,10 @@ def test_rows_go_to_parquet_and_mlflow(stub, histories, synth_dir, tmp_path):
 
     server = stub(service_s=0.003)
     cfg = LoadConfig(url=server.url, rate=40, duration_s=0.5, warmup_s=0.1, beam_width=5, k=5)
-    health, path, hist = loadgen.prepare(cfg, None)
+    health, path, hist = prepare(cfg, None)
     assert path == synth_dir and len(hist) == len(histories)
-    ctx = loadgen.run_context("lt-test", "batching=on", path, health)
-    res = loadgen.run_one(cfg, hist, ctx, loadgen.Tracking(tmp_path, mlflow=True), run_id="run1")
+    ctx = run_context("lt-test", "batching=on", path, health)
+    res = run_one(cfg, hist, ctx, Tracking(tmp_path, mlflow=True), run_id="run1")
     table = pq.read_table(tmp_path / "loadtest" / "run1.parquet").to_pandas()
     assert len(table) == len(res.records) and table["warmup"].sum() == res.summary.warmup
     assert {

@@ -12,7 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from genrec.workloads.benchmarks import mari_matmul, mari_model  # noqa: E402
+from genrec.studies.mari import mari_matmul, mari_model  # noqa: E402
 from genrec.workloads.ranking.flops import matmul_flops_mari, matmul_flops_vanilla  # noqa: E402
 from genrec.workloads.ranking.layout import fragmented_layout  # noqa: E402
 
@@ -162,7 +162,7 @@ def matmul_rows() -> pd.DataFrame:
 
 def test_matmul_sections_heatmaps_lines_and_table():
     pytest.importorskip("plotly")
-    from genrec.dashboards.mari import fragmented_sections, matmul_sections, model_sections
+    from genrec.studies.mari.report import fragmented_sections, matmul_sections, model_sections
 
     figures: list = []
     sections = matmul_sections(matmul_rows(), lambda fig: figures.append(fig) or "<fig>")

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from genrec.workloads.errors import UserInputError
 from genrec.workloads.models.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from genrec.workloads.models.inputs import build_prompts, build_training_batch, training_windows
-from genrec.workloads.models.transformer import GRTransformer, ModelConfig
+from genrec.workloads.models.model_config import ModelConfig
+from genrec.workloads.models.transformer import GRTransformer
 from genrec.workloads.sid_codec import BOS, SIDCodec
 
 

@@ -20,6 +20,7 @@ from genrec.workloads.decoding.nezha import (
 from genrec.workloads.decoding.prefix_keys import PrefixKeySets
 from genrec.workloads.errors import UserInputError
 from genrec.workloads.models.checkpoint import load_checkpoint, save_checkpoint
+from genrec.workloads.models.model_config import ModelConfig
 from genrec.workloads.models.nezha_head import (
     HeadConfig,
     append_placeholders,
@@ -27,7 +28,7 @@ from genrec.workloads.models.nezha_head import (
     head_states,
     sid_log_prob,
 )
-from genrec.workloads.models.transformer import GRTransformer, ModelConfig
+from genrec.workloads.models.transformer import GRTransformer
 from genrec.workloads.sid_codec import SIDCodec
 from genrec.workloads.training.trainer import TrainConfig, train
 
@@ -344,7 +345,7 @@ def test_cli_eval_with_the_nezha_decoder(nezha_model_dir, tmp_path, capsys):
 def test_latency_benchmark_times_every_decoder_on_the_same_users(tiny_model_dir, nezha_model_dir, tmp_path):
     import json
 
-    from genrec.workloads.benchmarks.nezha_latency import main
+    from genrec.studies.nezha.nezha_latency import main
 
     argv = ["--beam-model", str(tiny_model_dir), "--nezha-model", str(nezha_model_dir), "--users", "12"]
     argv += ["--batch-size", "4", "--repeats", "1", "--warmup", "1", "--out", str(tmp_path / "lat.json")]
@@ -365,7 +366,7 @@ def test_latency_benchmark_times_every_decoder_on_the_same_users(tiny_model_dir,
 
 def test_latency_benchmark_can_time_hf_beam_search_on_the_beam_model(tiny_model_dir, nezha_model_dir):
     pytest.importorskip("transformers")
-    from genrec.workloads.benchmarks.nezha_latency import main
+    from genrec.studies.nezha.nezha_latency import main
 
     argv = ["--beam-model", str(tiny_model_dir), "--nezha-model", str(nezha_model_dir), "--users", "8"]
     out = main([*argv, "--batch-size", "4", "--repeats", "1", "--warmup", "1", "--with-hf"])

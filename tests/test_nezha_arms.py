@@ -7,8 +7,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from genrec.workloads.benchmarks.nezha_arms import ARMS, arm_point, checkpoint_dir
-from genrec.workloads.benchmarks.registry import get_benchmark
+from genrec.platform.benchmarks import get_benchmark
+from genrec.studies.nezha.nezha_arms import ARMS, arm_point, checkpoint_dir
 from genrec.workloads.errors import UserInputError
 from genrec.workloads.metrics import paired_t_test_less
 from genrec.workloads.training.trainer import TrainConfig
@@ -58,14 +58,19 @@ def test_checkpoint_names_change_with_the_training_configuration(tmp_path):
 
 
 def test_unknown_arms_and_bad_budgets_are_rejected():
-    bench = get_benchmark("nezha_arm")
-    with pytest.raises(UserInputError, match="arm must be one of"):
-        bench.check({"arm": "medusa"})
-    with pytest.raises(UserInputError, match="epochs"):
-        bench.check({"arm": "beam", "epochs": 0})
+    from genrec.platform.params import parse_benchmark_params
+
+    def check(values):
+        return parse_benchmark_params("nezha_arm", values)
+
+    with pytest.raises(UserInputError, match="`arm` must be one of"):
+        check({"arm": "medusa"})
+    with pytest.raises(UserInputError, match="`epochs` must be >= 1, got 0"):
+        check({"arm": "beam", "epochs": 0})
     with pytest.raises(UserInputError, match="head_batching must be one of"):
-        bench.check({"arm": "nezha", "head_batching": "bucketed"})
-    bench.check({"arm": "nezha", "head_batching": "per_example"})
+        check({"arm": "nezha", "head_batching": "bucketed"})
+    assert check({"arm": "nezha", "head_batching": "per_example"}).head_batching == "per_example"
+    assert get_benchmark("nezha_arm").Params(arm="beam").epochs == 8
     assert set(ARMS) == {
         "beam", "nezha", "nezha-1", "nezha-2", "nezha-3", "nezha-4", "nezha-every", "mtp", "beam-converged"
     }  # fmt: skip
@@ -73,10 +78,12 @@ def test_unknown_arms_and_bad_budgets_are_rejected():
 
 
 def test_shipped_arm_experiment_resolves_its_paths_against_the_repository():
-    from genrec.platform.experiment import load_experiment
+    from genrec.platform.experiment_loading import load_experiment
 
     repo = Path(__file__).resolve().parents[1]
-    cfg = load_experiment(repo / "experiments" / "nezha_vs_beam.yaml", base_dir=repo, check_files=False)
+    cfg = load_experiment(
+        repo / "studies" / "nezha" / "experiments" / "nezha_vs_beam.yaml", base_dir=repo, check_files=False
+    )
     assert Path(cfg.params["data"]).is_absolute() and cfg.params["data"].endswith("runs/data/synth")
     assert Path(cfg.params["models_dir"]).is_absolute()
     assert cfg.num_trials() == 9 * 3
@@ -85,10 +92,10 @@ def test_shipped_arm_experiment_resolves_its_paths_against_the_repository():
 def test_arm_experiment_without_its_dataset_fails_before_ray(tmp_path):
     import yaml
 
-    from genrec.platform.experiment import load_experiment
+    from genrec.platform.experiment_loading import load_experiment
 
     repo = Path(__file__).resolve().parents[1]
-    raw = yaml.safe_load((repo / "experiments" / "nezha_vs_beam.yaml").read_text())
+    raw = yaml.safe_load((repo / "studies" / "nezha" / "experiments" / "nezha_vs_beam.yaml").read_text())
     raw["params"]["data"] = "no/such/data"
     path = tmp_path / "arms.yaml"
     path.write_text(yaml.safe_dump(raw))
@@ -127,7 +134,7 @@ def fake_rows(seeds=(42, 43, 44)):
 
 
 def test_report_page_runs_paired_tests_matched_by_seed(tmp_path):
-    from genrec.dashboards.nezha import build_nezha_report, is_nezha_frame, paired_tests
+    from genrec.studies.nezha.report import build_nezha_report, is_nezha_frame, paired_tests
 
     df = fake_rows()
     assert is_nezha_frame(df)

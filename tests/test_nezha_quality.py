@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from genrec.workloads.benchmarks.nezha_quality import DEFAULT_ARMS, QUALITY, main, summarise
+from genrec.studies.nezha.nezha_quality import DEFAULT_ARMS, QUALITY, main, summarise
 
 
 def fake_run(seed: int, scores: dict[str, float]) -> dict:
@@ -54,7 +54,7 @@ def test_runner_trains_and_evaluates_the_chosen_arms_per_seed(synth_dir, tmp_pat
 def test_parallel_training_trains_each_shared_checkpoint_once_and_evaluation_reuses_it(synth_dir, tmp_path):
     import json
 
-    from genrec.workloads.benchmarks.nezha_quality import needed_checkpoints, parse_args
+    from genrec.studies.nezha.nezha_quality import needed_checkpoints, parse_args
 
     argv = ["--data", str(synth_dir), "--out", str(tmp_path), "--model-size", "tiny", "--seeds", "1", "2"]
     argv += ["--epochs", "1", "--batch-size", "64", "--arms", "beam", "nezha", "nezha-4", "nezha-every"]
@@ -97,7 +97,7 @@ def test_a_missing_dataset_is_refused_before_any_training_starts(tmp_path):
 def test_a_failed_parallel_training_stops_the_run_with_its_own_error(synth_dir, tmp_path):
     import pytest
 
-    from genrec.workloads.benchmarks.nezha_quality import needed_checkpoints, parse_args
+    from genrec.studies.nezha.nezha_quality import needed_checkpoints, parse_args
 
     argv = ["--data", str(synth_dir), "--out", str(tmp_path), "--model-size", "tiny", "--seeds", "1", "2"]
     argv += ["--epochs", "1", "--arms", "beam", "--device", "cpu", "--threads", "1", "--train-jobs", "2"]

@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 
 from genrec.workloads.errors import UserInputError
 from genrec.workloads.models.inputs import build_prompts, item_token_table, training_windows
+from genrec.workloads.models.model_config import ModelConfig
 from genrec.workloads.models.nezha_head import append_placeholders
-from genrec.workloads.models.transformer import GRTransformer, ModelConfig
+from genrec.workloads.models.transformer import GRTransformer
 from genrec.workloads.sid_codec import BOS, PAD, SIDCodec
 from genrec.workloads.training.nezha_objective import HeadObjective, head_examples
 from genrec.workloads.training.packed_head_batch import build_packed_head_batch, window_targets

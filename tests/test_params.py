@@ -11,7 +11,7 @@ import pytest
 import yaml
 from conftest import run_cli
 
-from genrec.platform.experiment import load_experiment
+from genrec.platform.experiment_loading import load_experiment
 from genrec.platform.params import (
     ParamError,
     cli_values,

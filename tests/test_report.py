@@ -21,9 +21,10 @@ from genrec.dashboards.analysis import (
     round_up_significant,
 )
 from genrec.dashboards.report import build_report
-from genrec.platform.tracking import read_results, write_result_row
+from genrec.platform.tracking import write_result_row
 from genrec.workloads.errors import UserInputError
 from genrec.workloads.results import Environment, ResultRow
+from genrec.workloads.results_store import read_results
 
 ENV = Environment("cpu:test", 2, "2.13.0", "none", "3.11", "abc123", "host")
 EXP = "rep"

@@ -21,7 +21,8 @@ from conftest import run_cli
 pytest.importorskip("playwright", reason="playwright is not installed (pip install playwright)")
 
 from genrec.dashboards.browser import audit_page, find_chromium  # noqa: E402
-from genrec.platform.tracking import read_results, write_result_row  # noqa: E402
+from genrec.platform.tracking import write_result_row  # noqa: E402
+from genrec.workloads.results_store import read_results
 
 if find_chromium() is None:
     pytest.skip("no Chromium on this machine (apt-get install chromium)", allow_module_level=True)

@@ -1,4 +1,4 @@
-"""`run_main`, the entry point of every `python -m genrec.workloads.benchmarks.*` driver: bad input is a
+"""`run_main`, the entry point of every `python -m genrec.studies.<topic>.*` driver: bad input is a
 one-line message and exit code 2 (as the genrec CLI), never a traceback; a returned int is the exit
 code, a result dict exits 0."""
 
@@ -38,7 +38,7 @@ def test_other_errors_still_raise():
 
 
 def test_a_driver_run_as_a_module_reports_bad_input_without_a_traceback(tmp_path, synth_dir):
-    cmd = [sys.executable, "-m", "genrec.workloads.benchmarks.atspeed_objectives", "--data", str(synth_dir)]
+    cmd = [sys.executable, "-m", "genrec.studies.atspeed.atspeed_objectives", "--data", str(synth_dir)]
     cmd += ["--models-dir", str(tmp_path), "--target", str(tmp_path / "nope"), "--quiet"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "Traceback" not in done.stderr

@@ -15,17 +15,9 @@ import pytest
 from conftest import REPO
 
 from genrec.platform.serve.scheduler import PolicyScheduler
-from genrec.workloads.serving.harness import (
-    Arm,
-    LoadSpec,
-    Options,
-    Record,
-    interleaved_search,
-    poisson_arrivals,
-    run_arms,
-    run_open_loop,
-    summarize,
-)
+from genrec.workloads.serving.arms import Arm, Options, run_arms
+from genrec.workloads.serving.open_loop import LoadSpec, Record, poisson_arrivals, run_open_loop, summarize
+from genrec.workloads.serving.rate_search import interleaved_search
 from genrec.workloads.serving.slo import DEFAULT_MAX_UNANSWERED, meets_slo, nice_rate
 from genrec.workloads.serving.xschedule import FixedBatchPolicy, FixedConfig, ScheduleConfig, SLOBatchPolicy
 
@@ -114,16 +106,19 @@ def test_interleaved_search_bisects_each_arm_and_alternates_them():
 
 
 def test_the_slo_rule_and_rate_rounding_are_one_definition_for_harness_and_load_generator():
-    from genrec.platform import loadgen
-    from genrec.workloads.serving import harness
+    from genrec.platform.loadgen import capacity, stats
+    from genrec.platform.loadgen.requests import LoadConfig
+    from genrec.workloads.serving import slo
 
-    assert loadgen.meets_slo is meets_slo and loadgen.nice_rate is nice_rate is harness.nice
+    # the load generator and the harness share the SLO module's one definition of each (no copy)
+    assert stats.meets_slo is meets_slo is slo.meets_slo
+    assert capacity.nice_rate is nice_rate is slo.nice_rate
     limits = (
         LoadSpec(1, 1).max_unanswered,
         Options().max_unanswered,
-        loadgen.LoadConfig().max_unanswered_rate,
+        LoadConfig().max_unanswered_rate,
     )
-    assert loadgen.DEFAULT_MAX_UNANSWERED == DEFAULT_MAX_UNANSWERED == 0.01 and set(limits) == {0.01}
+    assert DEFAULT_MAX_UNANSWERED == DEFAULT_MAX_UNANSWERED == 0.01 and set(limits) == {0.01}
     # both bounds inclusive; no answered request (P99 NaN) or no measured request never meets it
     assert meets_slo(200.0, 0.01, 200.0, 0.01) and meets_slo(np.float64(1.0), 0.0, 200.0, 0.01) is True
     assert not meets_slo(200.5, 0.0, 200.0, 0.01) and not meets_slo(1.0, 0.02, 200.0, 0.01)
@@ -133,18 +128,18 @@ def test_the_slo_rule_and_rate_rounding_are_one_definition_for_harness_and_load_
     # both summaries give the rule's verdict: P99 49.6 ms passes a 50 ms SLO, 59.6 ms does not, and a run
     # with nothing answered or nothing measured (all warm-up) fails
     spec = LoadSpec(rate=10, duration_s=1, warmup_s=0.5, slo_s=0.05)
-    cfg = loadgen.LoadConfig(rate=10, duration_s=1, warmup_s=0.5, slo_ms=50)
+    cfg = LoadConfig(rate=10, duration_s=1, warmup_s=0.5, slo_ms=50)
     ok = [Record(i, 0.5 + i / 10, 1, False, "answered", 0.01 * (i + 1)) for i in range(5)]
     slow = [*ok, Record(5, 0.99, 1, False, "answered", 0.06)]
     cases = [(ok, True), (slow, False), ([Record(0, 0.6, 1, False, "rejected")], False)]
     for recs, met in [*cases, ([Record(0, 0.1, 1, True, "answered", 0.01)], False)]:
         s = summarize(recs, spec)
         assert s["slo_met"] is met is meets_slo(s["p99_ms"], s["unanswered_rate"], 50.0, 0.01)
-        assert loadgen.summarize([_as_request_record(r) for r in recs], cfg).slo_met is met
+        assert stats.summarize([_as_request_record(r) for r in recs], cfg).slo_met is met
 
 
 def _as_request_record(r: Record):
-    from genrec.platform.loadgen import RequestRecord
+    from genrec.platform.loadgen.client import RequestRecord
 
     status = 200 if r.outcome == "answered" else 503
     latency_ms = r.latency_s * 1e3 if r.outcome == "answered" else 1.0
@@ -209,7 +204,7 @@ def test_the_harness_serves_a_tiny_model_with_both_policies_and_decoders(tiny_mo
 
 @pytest.mark.slow
 def test_the_serving_benchmark_runs_as_a_registry_entry(tiny_model_dir):
-    from genrec.workloads.benchmarks.registry import get_benchmark
+    from genrec.platform.benchmarks import get_benchmark
 
     bench = get_benchmark("xgr_serving")
     out = bench.run(

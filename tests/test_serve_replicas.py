@@ -12,20 +12,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from genrec.workloads.serving.harness import (
-    Arm,
-    LoadSpec,
-    Options,
-    ReplicaError,
-    ReplicaPool,
-    ReplicaSetup,
-    load_test,
-    open_replicas,
-    poisson_arrivals,
-    route_round_robin,
-    run_arms,
-    summarize,
-)
+from genrec.workloads.serving.arms import Arm, Options, load_test, open_replicas, run_arms
+from genrec.workloads.serving.open_loop import LoadSpec, poisson_arrivals, summarize
+from genrec.workloads.serving.replicas import ReplicaError, ReplicaPool, ReplicaSetup, route_round_robin
 
 SETUP = ReplicaSetup(model="unused", decoders=("fake",), beam_width=4, k=2)
 SERVICE_S = 0.02  # the fake decoder's time per batch
@@ -184,7 +173,9 @@ KILLED_HARNESS = """
 import sys, time
 sys.path.insert(0, {tests!r})
 from test_serve_replicas import SETUP, fake_requests, sleeping_decoders
-from genrec.workloads.serving.harness import Arm, LoadSpec, Options, ReplicaPool
+from genrec.workloads.serving.arms import Arm, Options
+from genrec.workloads.serving.open_loop import LoadSpec
+from genrec.workloads.serving.replicas import ReplicaPool
 
 pool = ReplicaPool(SETUP, 2, sleeping_decoders)
 print(*[p.pid for p in pool.procs], flush=True)

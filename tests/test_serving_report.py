@@ -12,8 +12,9 @@ from conftest import run_cli
 
 from genrec.dashboards.report import build_report
 from genrec.dashboards.serving import build_serving_report, max_rate_table, rate_points
-from genrec.platform.tracking import read_results, write_result_row
+from genrec.platform.tracking import write_result_row
 from genrec.workloads.errors import UserInputError
+from genrec.workloads.results_store import read_results
 
 EXP = "serving"
 # p99 (ms) per offered rate for two setups: without batching the SLO (200 ms) breaks at 40 req/s,

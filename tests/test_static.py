@@ -12,6 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from genrec.kernels.constrained_mask_torch import vntk_apply
 from genrec.workloads.constraints.baselines import HashBitmap
 from genrec.workloads.constraints.live import LiveStaticMask
 from genrec.workloads.constraints.sets import (
@@ -24,12 +25,13 @@ from genrec.workloads.constraints.sets import (
     uniform_random,
 )
 from genrec.workloads.constraints.transition import build_transition_matrix
-from genrec.workloads.constraints.vntk import StaticMask, vntk_apply
+from genrec.workloads.constraints.vntk import StaticMask
 from genrec.workloads.decoding.base import DecoderContext, get_decoder, make_params
 from genrec.workloads.decoding.beam import backbone_beam_search
 from genrec.workloads.decoding.params import BeamParams
 from genrec.workloads.errors import UserInputError
-from genrec.workloads.models.transformer import GRTransformer, ModelConfig
+from genrec.workloads.models.model_config import ModelConfig
+from genrec.workloads.models.transformer import GRTransformer
 from genrec.workloads.sid_codec import SIDCodec
 
 GOLDEN = [(1, 2, 3, 4, 5), (1, 2, 3, 6, 7), (1, 2, 8, 9, 0), (2, 3, 4, 5, 6)]
@@ -262,7 +264,7 @@ def _trie_beam(log_probs, allowed, width, user, children=None):
 def test_sparse_and_dense_steps_decode_exactly_the_python_trie(sizes, data):
     """Through the beam core on fixed logits: sparse candidates (auto paths), the dense kernel on every
     level, and a Python trie walk return the same SIDs with the same scores, for every d and path."""
-    from genrec.workloads.benchmarks.static_step import synthetic_decode
+    from genrec.studies.static.static_decode import synthetic_decode
 
     space = list(itertools.product(*(range(t) for t in sizes)))
     allowed = sorted(set(data.draw(st.lists(st.sampled_from(space), min_size=1, max_size=30))))
@@ -296,7 +298,7 @@ def test_padding_beams_leave_the_trie_after_the_last_dense_level(fraction):
     child. They must go to the sink, not to a node of a later level whose edges hold codes beyond this
     level's codebook (the dense [R, T] form then read out of range; found by the property test
     above: sizes (2, 5, 4, 6), one SID, d = 2)."""
-    from genrec.workloads.benchmarks.static_step import synthetic_decode
+    from genrec.studies.static.static_decode import synthetic_decode
 
     sizes, batch, width = (2, 5, 4, 6), 2, 2
     gen = torch.Generator().manual_seed(0)
@@ -316,7 +318,7 @@ def test_chained_constraints_decode_the_intersection(sizes, data):
     """Three STATIC processors in a row (the first proposes candidates, the second makes them dense, the
     third proposes again): the search is the trie walk where a code is allowed iff every set allows it
     after the prefix (per level, as the masks compose; not the set intersection)."""
-    from genrec.workloads.benchmarks.static_step import ReplayScorer
+    from genrec.studies.static.static_decode import ReplayScorer
     from genrec.workloads.decoding.beam_core import run_beam_search
     from genrec.workloads.decoding.processors import ConstraintProcessor
 
@@ -574,7 +576,7 @@ def test_live_updates_decode_like_a_rebuilt_index(seed, d, width):
 
 
 def test_static_step_benchmark_smoke(tmp_path):
-    from genrec.workloads.benchmarks.static_step import main
+    from genrec.studies.static.static_step import main
 
     out = tmp_path / "b.json"
     argv = [
@@ -617,7 +619,7 @@ def test_static_step_benchmark_smoke(tmp_path):
 
 
 def test_static_ratios_compare_whole_steps_and_overheads_over_unconstrained():
-    from genrec.workloads.benchmarks.static_step import add_static_ratios, summary_table
+    from genrec.studies.static.static_step import add_static_ratios, summary_table
 
     def row(backend, step, base=1.0):
         return {"backend": backend, "step_ms_median": step, "overhead_ms": step - base}

@@ -14,13 +14,15 @@ import pytest
 import yaml
 from conftest import REPO, run_cli
 
-from genrec.platform.experiment import experiment_from_dict, load_experiment
-from genrec.platform.tracking import read_results, write_result_row
-from genrec.workloads.benchmarks.registry import get_benchmark
-from genrec.workloads.benchmarks.static_point import branch_point, branch_set, scaling_point
+from genrec.platform.benchmarks import get_benchmark
+from genrec.platform.experiment_loading import experiment_from_dict, load_experiment
+from genrec.platform.params import parse_benchmark_params
+from genrec.platform.tracking import write_result_row
+from genrec.studies.static.static_point import branch_point, branch_set, scaling_point
 from genrec.workloads.constraints.sets import uniform_random
 from genrec.workloads.constraints.transition import build_transition_matrix
 from genrec.workloads.errors import UserInputError
+from genrec.workloads.results_store import read_results
 
 TINY = {"vocab": 16, "levels": 4, "batch": 2, "beam": 4, "dense_levels": 1, "reps": 3, "warmup": 1}
 
@@ -60,36 +62,40 @@ def test_branch_set_has_exactly_b_children_at_the_last_level(b):
 
 
 BAD_PARAMS = [
-    ("static_scaling", {"constraint_size": 10, "backend": "trie"}, "backend must be one of"),
-    ("static_scaling", {"constraint_size": 0}, "constraint_size must be an integer >= 1"),
-    ("static_scaling", {"constraint_size": 10, "beam": 2.5}, "beam must be an integer >= 1"),
-    ("static_scaling", {"constraint_size": 10, "dense_levels": 8, "levels": 8}, "dense_levels must be below"),
+    ("static_scaling", {"constraint_size": 10, "backend": "trie"}, "`backend` must be one of"),
+    ("static_scaling", {"constraint_size": 0}, "`constraint_size` must be >= 1"),
+    ("static_scaling", {"constraint_size": 10, "beam": 2.5}, r"`beam` takes an int, got 2.5 \(float\)"),
+    (
+        "static_scaling",
+        {"constraint_size": 10, "dense_levels": 8, "levels": 8},
+        "`dense_levels` must be below",
+    ),
     (
         "static_scaling",
         {"constraint_size": 17, "vocab": 4, "levels": 2, "dense_levels": 1},
         "exceeds the SID space",
     ),
-    ("static_branch", {"max_branch": 0}, "max_branch must be an integer >= 1"),
+    ("static_branch", {"max_branch": 0}, "`max_branch` must be >= 1"),
     ("static_branch", {"max_branch": 64, "vocab": 32}, "cannot exceed the codebook size"),
-    ("static_branch", {"max_branch": 4, "kernel": "cuda"}, "kernel must be one of"),
+    ("static_branch", {"max_branch": 4, "kernel": "cuda"}, "`kernel` must be one of"),
 ]
 
 
 @pytest.mark.parametrize("name,params,message", BAD_PARAMS)
 def test_registry_checks_name_the_problem(name, params, message):
     with pytest.raises(UserInputError, match=message):
-        get_benchmark(name).check(params)
+        parse_benchmark_params(name, params)
 
 
 @pytest.mark.parametrize("name", ["static_scaling", "static_vocab", "static_branch"])
 def test_shipped_static_experiments_load(name):
-    cfg = load_experiment(REPO / "experiments" / f"{name}.yaml")
+    cfg = load_experiment(REPO / "studies" / "static" / "experiments" / f"{name}.yaml")
     assert cfg.benchmark in ("static_scaling", "static_branch")
     assert cfg.metric in get_benchmark(cfg.benchmark).metrics and cfg.resources.cpu == 2
 
 
 def test_shipped_scaling_experiment_reaches_ten_million_with_baselines_capped():
-    cfg = load_experiment(REPO / "experiments" / "static_scaling.yaml")
+    cfg = load_experiment(REPO / "studies" / "static" / "experiments" / "static_scaling.yaml")
     assert max(cfg.grid_values()["constraint_size"]) == 10**7
     assert cfg.params["baseline_max_size"] == 10**6
 
@@ -115,7 +121,7 @@ def test_bad_static_experiment_fails_before_ray(tmp_path, capsys):
     path.write_text(yaml.safe_dump(raw))
     assert run_cli(["sweep", str(path)]) == 2
     err = capsys.readouterr().err
-    assert "`search_space.backend.grid[1]` = 'bitmap'" in err and "backend must be one of" in err
+    assert "`search_space.backend.grid[1]` = 'bitmap'" in err and "`backend` must be one of" in err
     assert not (tmp_path / "results").exists()
     assert experiment_from_dict(tiny_experiment(tmp_path)).num_trials() == 2
 
@@ -191,7 +197,7 @@ def test_generic_benchmark_report_keeps_linear_axes_for_a_narrow_range(tmp_path)
 def test_static_step_interleaves_sizes_and_reports_flatness(tmp_path):
     """--interleave-sizes times every (size, arm) pair in one alternating loop and reports each arm's
     step over its step at the smallest size."""
-    from genrec.workloads.benchmarks.static_step import main
+    from genrec.studies.static.static_step import main
 
     out = tmp_path / "b.json"
     argv = "--device cpu --vocab 64 --levels 3 --sizes 3000 600 --beam 8 --dense-levels 1"
@@ -214,7 +220,7 @@ PEER = Path(os.environ.get("GENREC_STATIC_PEER", "/tmp/static-constraint-decodin
 
 
 def test_static_vs_official_names_a_missing_peer(tmp_path, capsys):
-    from genrec.workloads.benchmarks.static_vs_official import main
+    from genrec.studies.static.static_vs_official import main
 
     assert main(["--peer", str(tmp_path), "--sizes", "100"]) == 2
     assert "static_decoding/decoding_pt.py" in capsys.readouterr().err
@@ -225,7 +231,7 @@ def test_static_vs_official_names_a_missing_peer(tmp_path, capsys):
     reason="needs a checkout of youtube/static-constraint-decoding (GENREC_STATIC_PEER)",
 )
 def test_static_vs_official_decodes_the_same_sids_and_times_every_level(tmp_path):
-    from genrec.workloads.benchmarks.static_vs_official import main
+    from genrec.studies.static.static_vs_official import main
 
     out = tmp_path / "vs.json"
     argv = ["--peer", str(PEER), "--vocab", "16", "--levels", "4", "--sizes", "300", "--beam", "4"]

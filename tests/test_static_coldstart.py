@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from genrec.workloads.benchmarks.static_coldstart import main
+from genrec.studies.static.static_coldstart import main
 from genrec.workloads.data.dataset import load_dataset
 
 METHODS = {"unconstrained", "constrained", "constrained_random"}

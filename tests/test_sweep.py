@@ -18,8 +18,8 @@ import yaml
 from conftest import REPO, run_cli
 from experiment_files import cpu_sweep, write_experiment
 
-from genrec.platform.mlflow_store import KIND_TAG, RUN_ID_TAG
-from genrec.platform.tracking import read_results, read_rows
+from genrec.platform.mlflow_rows import KIND_TAG, RUN_ID_TAG
+from genrec.workloads.results_store import read_results, read_rows
 
 ray = pytest.importorskip("ray")
 mlflow = pytest.importorskip("mlflow")
@@ -131,7 +131,7 @@ def test_runs_command_shows_the_parquet_rows(small_sweep, capsys):
 @pytest.mark.slow
 def test_killed_sweep_resumes_with_every_trial_exactly_once(ray_session, synth_dir, tiny_model_dir, tmp_path):
     """Kill the driver (SIGKILL) once the first rows exist, resume, count rows and MLflow runs."""
-    from genrec.platform.experiment import load_experiment
+    from genrec.platform.experiment_loading import load_experiment
     from genrec.platform.sweep import run_sweep
 
     widths = [10, 20, 30, 40, 50, 60]
@@ -193,6 +193,7 @@ def test_ctrl_c_ends_the_sweeps_mlflow_run_killed_and_resume_finishes_it(interru
 
     from genrec.platform import sweep
     from genrec.platform.experiment import ExperimentConfig
+    from genrec.platform.sweep.interrupt import SweepInterrupted
 
     raw = cpu_sweep("ctrl_c", tmp_path, tmp_path, tmp_path / "results", k=10, widths=[10, 20])
     cfg = ExperimentConfig.model_validate(raw)
@@ -208,7 +209,7 @@ def test_ctrl_c_ends_the_sweeps_mlflow_run_killed_and_resume_finishes_it(interru
         exp = client.get_experiment_by_name(cfg.name)
         return client.search_runs([exp.experiment_id], f"tags.`{KIND_TAG}` = 'sweep'")
 
-    with pytest.raises((sweep.SweepInterrupted, KeyboardInterrupt)):
+    with pytest.raises((SweepInterrupted, KeyboardInterrupt)):
         sweep.run_sweep(cfg, progress=False)
     (killed,) = sweep_runs()
     assert killed.info.status == "KILLED"

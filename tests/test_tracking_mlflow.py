@@ -9,19 +9,16 @@ import json
 
 import pytest
 
-from genrec.platform.mlflow_store import (
+from genrec.platform.mlflow_naming import RunNaming
+from genrec.platform.mlflow_rows import (
     CREATED_TAG,
     KIND_TAG,
-    NAMING_TAG,
-    PARENT_TAG,
     RUN_ID_TAG,
-    MlflowStore,
-    RunNaming,
     best_trial_row,
     split_row_for_mlflow,
-    sqlite_uri,
     trial_times_ms,
 )
+from genrec.platform.mlflow_store import NAMING_TAG, PARENT_TAG, MlflowStore, sqlite_uri
 from genrec.platform.tracking import write_result_row
 
 mlflow = pytest.importorskip("mlflow")
@@ -106,8 +103,8 @@ def test_trial_times_are_epoch_milliseconds():
 def test_a_benchmark_rows_parameters_are_params_only_and_none_is_empty():
     pytest.importorskip("torch")
     from genrec.platform.benchmark_trial import benchmark_row
+    from genrec.platform.benchmarks import get_benchmark
     from genrec.platform.experiment import TrialSpec
-    from genrec.workloads.benchmarks.registry import get_benchmark
 
     params = {"b": 4, "d_user": 8, "d_item": 8, "d_hidden": 8, "reps": 2, "warmup": 1}
     measured = get_benchmark("mari_matmul").run(**params, threads=1)

@@ -2,9 +2,10 @@
 
 import pytest
 
-from genrec.platform.tracking import list_experiments, read_results, write_result_row
+from genrec.platform.tracking import write_result_row
 from genrec.workloads.errors import UserInputError
 from genrec.workloads.results import Environment, ResultRow
+from genrec.workloads.results_store import list_experiments, read_results
 
 ENV = Environment("cpu:x", 2, "2.13", "none", "3.11", "abc", "host")
 
@@ -75,7 +76,7 @@ def _raw_run(store, flat, status):
     """A run as a killed or a second driver leaves it: the row's tags and metrics, any status."""
     from mlflow.entities import Metric, RunTag
 
-    from genrec.platform.mlflow_store import split_row_for_mlflow
+    from genrec.platform.mlflow_rows import split_row_for_mlflow
 
     _, metrics, tags = split_row_for_mlflow(flat)
     run = store.client.create_run(store.experiment_id, tags=tags)

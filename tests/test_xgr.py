@@ -19,13 +19,14 @@ from hypothesis import strategies as st  # noqa: E402
 from test_beam import make_ctx  # noqa: E402
 from test_extend import VOCAB, make_model, random_prompts, random_tree  # noqa: E402
 
-from genrec.workloads.benchmarks.xgr_memory import memory_point  # noqa: E402
+from genrec.studies.xgr.xgr_memory import memory_point  # noqa: E402
 from genrec.workloads.decoding import xbeam, xgr  # noqa: E402
 from genrec.workloads.decoding.base import DecoderContext, decoder_names, get_decoder, make_params  # noqa: E402
 from genrec.workloads.decoding.beam_core import select_beams  # noqa: E402
 from genrec.workloads.decoding.buffer_pool import BufferPool  # noqa: E402
 from genrec.workloads.errors import UserInputError  # noqa: E402
-from genrec.workloads.models.transformer import GRTransformer, model_config_for  # noqa: E402
+from genrec.workloads.models.model_config import model_config_for
+from genrec.workloads.models.transformer import GRTransformer  # noqa: E402
 from genrec.workloads.sid_codec import SIDCodec  # noqa: E402
 
 

@@ -15,7 +15,7 @@ if not torch.cuda.is_available():
 
 pytest.importorskip("triton", reason="triton is not installed (pip install triton; CPU uses the interpreter)")
 
-from genrec.workloads.benchmarks import xgr_attention  # noqa: E402
+from genrec.studies.xgr import xgr_attention  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TINY = [

@@ -8,7 +8,12 @@ from typing import NoReturn
 
 
 class UserInputError(ValueError):
-    """Bad input (file, parameter, id). The message names the problem and the fix."""
+    """Bad input (file, parameter, id). The message names the problem and the fix; `param` names the one
+    parameter at fault, when there is one (an experiment's error then points at its key)."""
+
+    def __init__(self, message: str = "", param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 def run_main(main: Callable[[], object]) -> NoReturn:

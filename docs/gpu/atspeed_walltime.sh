@@ -15,7 +15,7 @@ TARGET_SIZE=${TARGET_SIZE:-base}
 MODELS=${MODELS:-/tmp/atspeed_gpu_models}
 PY=${PY:-python}
 mkdir -p "$OUT"
-$PY -m genrec.workloads.benchmarks.atspeed_objectives --data "$DATA" --models-dir "$MODELS" \
+$PY -m genrec.studies.atspeed.atspeed_objectives --data "$DATA" --models-dir "$MODELS" \
     --target-size "$TARGET_SIZE" --draft-size tiny --objectives atspeed_s sft --seeds 0 --epochs "$EPOCHS" \
     --k 10 --draft-beams 40 20 10 --gamma 3 --users "$USERS" --threads 0 --device "$DEVICE" \
     --out "$OUT/atspeed_gpu_objectives.json"
@@ -24,7 +24,7 @@ for objective in atspeed_s sft; do
     draft=$(ls -d "$MODELS"/draft-tiny-"$objective"-seed0-*/ | head -n 1)
     for batch in 1 32; do
         users=$((batch == 1 ? USERS / 2 : USERS * 2))
-        $PY -m genrec.workloads.benchmarks.atspeed_latency --model "$target" --draft "$draft" --data "$DATA" \
+        $PY -m genrec.studies.atspeed.atspeed_latency --model "$target" --draft "$draft" --data "$DATA" \
             --k 10 --draft-beams 10 20 40 --gamma 3 --users "$users" --batch-size "$batch" --repeats 3 \
             --warmup 2 --threads 0 --device "$DEVICE" --hf --out "$OUT/atspeed_latency_${objective}_b${batch}.json"
     done

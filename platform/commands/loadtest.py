@@ -106,11 +106,15 @@ def loadtest_command(
 ) -> None:
     """Send recommendation requests to a running `genrec serve` app and report latency percentiles,
     throughput, goodput under an SLO, rejections and Serve overhead; optionally sweep the rate."""
-    from genrec.platform import loadgen
+    # find_max_rate / sweep_rates are this command's options here; run_rate_search calls the searches
+    from genrec.platform.loadgen.capacity import rate_measure
+    from genrec.platform.loadgen.format import format_summary
+    from genrec.platform.loadgen.requests import LoadConfig
+    from genrec.platform.loadgen.run import Tracking, prepare, run_context, run_one
 
     rates = parse_rates(sweep_rates)
     check_loadtest_options(rates, find_max_rate, start_rate, max_rate, growth, refine_steps, data, mode)
-    cfg = loadgen.LoadConfig(
+    cfg = LoadConfig(
         url=url,
         mode=mode,
         rate=rates[0] if rates else start_rate if find_max_rate else rate,
@@ -128,19 +132,19 @@ def loadtest_command(
         slo_ms=slo_ms,
         max_unanswered_rate=max_rejection,
     ).validate()
-    health, dataset, histories = loadgen.prepare(cfg, data)
-    ctx = loadgen.run_context(experiment, label, dataset, health)
-    tracking = loadgen.Tracking(results_dir, mlflow=not no_mlflow, mlflow_uri=mlflow_uri)
+    health, dataset, histories = prepare(cfg, data)
+    ctx = run_context(experiment, label, dataset, health)
+    tracking = Tracking(results_dir, mlflow=not no_mlflow, mlflow_uri=mlflow_uri)
     progress = None if quiet else (lambda line: typer.echo(line, err=True))
 
     if rates or find_max_rate:
-        measure = loadgen.rate_measure(cfg, histories, ctx, tracking, progress)
+        measure = rate_measure(cfg, histories, ctx, tracking, progress)
         search = run_rate_search(measure, rates, start_rate, max_rate, growth, refine_steps)
         print_rate_search(search, url, duration, experiment, slo_ms, max_rejection)
         last = search.points[-1].result
     else:
-        last = loadgen.run_one(cfg, histories, ctx, tracking, progress=progress)
-        typer.echo(loadgen.format_summary(last))
+        last = run_one(cfg, histories, ctx, tracking, progress=progress)
+        typer.echo(format_summary(last))
     print_where_results_went(last, experiment, results_dir, tracking, mlflow_uri)
 
 
@@ -185,23 +189,23 @@ def run_rate_search(
     measure, rates: list[float], start_rate: float, max_rate: float, growth: float, refine_steps: int
 ):
     """--sweep-rates: each of the rates; --find-max-rate: grow from --start-rate, then bisect."""
-    from genrec.platform import loadgen
+    from genrec.platform.loadgen.capacity import find_max_rate, sweep_rates
 
     if rates:
-        return loadgen.sweep_rates(measure, rates)
-    return loadgen.find_max_rate(measure, start_rate, max_rate, growth, refine_steps)
+        return sweep_rates(measure, rates)
+    return find_max_rate(measure, start_rate, max_rate, growth, refine_steps)
 
 
 def print_rate_search(
     search, url: str, duration: float, experiment: str, slo_ms: float, max_rejection: float
 ) -> None:
-    from genrec.platform import loadgen
+    from genrec.platform.loadgen.format import format_sweep
 
     typer.echo(
         f"rate sweep against {url} ({len(search.points)} rates, {duration:g} s each, experiment "
         f"{experiment}):"
     )
-    typer.echo(loadgen.format_sweep(search, slo_ms, max_rejection))
+    typer.echo(format_sweep(search, slo_ms, max_rejection))
 
 
 def print_where_results_went(

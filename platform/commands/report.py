@@ -76,6 +76,9 @@ def report_command(
 ) -> None:
     """Build standalone HTML reports: one experiment's page, or every experiment's and an index."""
     from genrec.dashboards.page import ReportOptions
+    from genrec.platform.benchmarks import load_report_pages
+
+    load_report_pages()  # the studies' pages (NEZHA, AtSpeed, MaRI) register themselves
 
     budgets_ms = parse_budgets(budgets)
     options = ReportOptions(metric, latency, tuple(budgets_ms) if budgets_ms else None)

@@ -57,7 +57,7 @@ def sweep_command(
     ] = 10_000,
 ) -> None:
     """Run a parameter sweep of a decoder with Ray Tune; rows go to Parquet and MLflow."""
-    from genrec.platform.experiment import load_experiment, resolve_paths
+    from genrec.platform.experiment_loading import load_experiment, resolve_paths
 
     if resume and overwrite:
         raise UserInputError("--resume and --overwrite exclude each other: pick one")
@@ -68,7 +68,8 @@ def sweep_command(
     if dry_run:
         print_dry_run(cfg, ray_address)
         return
-    from genrec.platform.sweep import SweepInterrupted, run_sweep
+    from genrec.platform.sweep import run_sweep
+    from genrec.platform.sweep.interrupt import SweepInterrupted
 
     hint = resume_command(experiment, results_dir, ray_address)
     try:

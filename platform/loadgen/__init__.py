@@ -20,9 +20,9 @@ Outputs: per-request rows in `<results>/loadtest/<run_id>.parquet`, and one summ
 A rate sweep runs one load test per rate (each its own row in one experiment) and reports the highest
 rate whose P99 latency meets the SLO with few unanswered requests, as in xGR's SLO-bounded throughput.
 
-This package is the load generator; `genrec.platform.loadgen` is its public face (`genrec loadtest`,
-platform/commands/loadtest.py, and platform/serve_benchmark.py import from here). The code lives in one
-module per concept, each of which imports only those above it in this list:
+This package is the load generator (`genrec loadtest`, platform/commands/loadtest.py and
+platform/serve_benchmark.py use it). The code lives in one module per concept, each of which imports only
+those above it in this list; callers import each name from its module:
 
 - platform/loadgen/requests.py: what is sent and when: `LoadConfig`, `arrival_schedule`,
   `inter_arrival_cv`, `open_loop_horizon`, `RequestSource`.
@@ -39,100 +39,5 @@ module per concept, each of which imports only those above it in this list:
 - platform/loadgen/format.py: the text the CLI prints: `format_summary`, `format_sweep`.
 
 The SLO rule `meets_slo`, the rate rounding `nice_rate` and `DEFAULT_MAX_UNANSWERED` are defined once,
-in workloads/serving/slo.py, for this load generator and the in-process serving harness alike; they are
-re-exported here.
+in workloads/serving/slo.py, for this load generator and the in-process serving harness alike.
 """
-
-from genrec.platform.loadgen.capacity import (
-    RatePoint,
-    RateSearch,
-    best_of,
-    find_max_rate,
-    rate_measure,
-    sweep_rates,
-)
-from genrec.platform.loadgen.client import (
-    OUTCOMES,
-    REJECT_STATUSES,
-    TIMEOUT_STATUSES,
-    ProgressFn,
-    RequestRecord,
-    classify_status,
-    fetch_health,
-    preflight,
-    run_load,
-    send_request,
-)
-from genrec.platform.loadgen.format import format_summary, format_sweep
-from genrec.platform.loadgen.requests import (
-    LoadConfig,
-    RequestSource,
-    arrival_schedule,
-    inter_arrival_cv,
-    open_loop_horizon,
-)
-from genrec.platform.loadgen.rows import (
-    LOADTEST_KIND,
-    RunContext,
-    decoder_params,
-    requests_path,
-    summary_row,
-    write_requests,
-)
-from genrec.platform.loadgen.run import (
-    LoadTestResult,
-    Tracking,
-    load_histories,
-    new_run_id,
-    prepare,
-    resolve_dataset,
-    run_context,
-    run_one,
-)
-from genrec.platform.loadgen.stats import LoadSummary, summarize
-from genrec.workloads.serving.slo import DEFAULT_MAX_UNANSWERED, meets_slo, nice_rate
-
-__all__ = [
-    "DEFAULT_MAX_UNANSWERED",
-    "LOADTEST_KIND",
-    "OUTCOMES",
-    "REJECT_STATUSES",
-    "TIMEOUT_STATUSES",
-    "LoadConfig",
-    "LoadSummary",
-    "LoadTestResult",
-    "ProgressFn",
-    "RatePoint",
-    "RateSearch",
-    "RequestRecord",
-    "RequestSource",
-    "RunContext",
-    "Tracking",
-    "arrival_schedule",
-    "best_of",
-    "classify_status",
-    "decoder_params",
-    "fetch_health",
-    "find_max_rate",
-    "format_summary",
-    "format_sweep",
-    "inter_arrival_cv",
-    "load_histories",
-    "meets_slo",
-    "new_run_id",
-    "nice_rate",
-    "open_loop_horizon",
-    "preflight",
-    "prepare",
-    "rate_measure",
-    "requests_path",
-    "resolve_dataset",
-    "run_context",
-    "run_load",
-    "run_one",
-    "send_request",
-    "summarize",
-    "summary_row",
-    "sweep_rates",
-    "write_requests",
-]

@@ -21,7 +21,7 @@ import pyarrow as pa
 from genrec.platform.loadgen.client import RequestRecord
 from genrec.platform.loadgen.requests import LoadConfig
 from genrec.platform.loadgen.stats import LoadSummary
-from genrec.platform.tracking import write_parquet_atomic
+from genrec.workloads.io import write_parquet_atomic
 
 LOADTEST_KIND = "loadtest"
 

@@ -22,8 +22,8 @@ from genrec.platform.loadgen.client import ProgressFn, RequestRecord, fetch_heal
 from genrec.platform.loadgen.requests import LoadConfig
 from genrec.platform.loadgen.rows import RunContext, requests_path, summary_row, write_requests
 from genrec.platform.loadgen.stats import LoadSummary, summarize
-from genrec.platform.tracking import DEFAULT_RESULTS_DIR, check_experiment_name
 from genrec.workloads.errors import UserInputError
+from genrec.workloads.results_store import DEFAULT_RESULTS_DIR, check_experiment_name
 
 # ------------------------------------------------------------------------------------ before the load
 

@@ -42,7 +42,7 @@ and its builder. Beside it:
     replica_setup.py       a replica's DecoderHost config, its constraint sets (built once) and its Limits
     deployment_options.py  the deployment's Serve options (resources, queue bounds, user_config, shutdown)
 
-Every name these modules export that used to live here is still importable from here.
+Each name has one home, the module that defines it.
 """
 
 # no `from __future__ import annotations`: FastAPI reads the endpoints' annotations at runtime
@@ -68,8 +68,6 @@ from genrec.platform.serve.batch_decoder import (
     BatchDecoder,
     GroupFailure,
     QueuedJob,
-    response_body,  # noqa: F401 - importable from here
-    token_chunks,  # noqa: F401 - importable from here
 )
 from genrec.platform.serve.config import (
     DEPLOYMENT_NAME,

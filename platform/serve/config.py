@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from genrec.platform.experiment import format_validation_error
+from genrec.platform.experiment_loading import format_validation_error
 from genrec.workloads.decoding.draft import (
     check_same_codec,
     checkpoint_codebook_sizes,

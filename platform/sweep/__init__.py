@@ -18,7 +18,7 @@ keep those calls in this module. The rest lives in the package:
     interrupt.py   noticing the Ctrl-C that Tune swallows (`SweepInterrupted`)
     results.py     `SweepSummary`, counting the stored rows, best configuration, report
 
-Every name those modules define is also importable from here (`genrec.platform.sweep`). Tune's saved
+Each name is imported from the module that defines it. Tune's saved
 state (`tuner.pkl`) pickles the callbacks by their module path (`genrec.platform.sweep.callbacks`):
 moving them breaks `--resume` of a sweep started before the move, so the path they had before this
 package existed (`genrec.platform.sweep_callbacks`) is kept as an alias. The trainable is saved only
@@ -70,135 +70,39 @@ from genrec.platform.benchmark_trial import run_benchmark_trial
 from genrec.platform.experiment import ExperimentConfig
 from genrec.platform.experiment_checks import check_trial_capabilities
 from genrec.platform.sweep import callbacks as _callbacks
-from genrec.platform.sweep.callbacks import (
-    ROW_KEY,
-    GenrecMLflowCallback,
-    ParquetRowCallback,
-    clock,
-    eta_s,
-    make_callbacks,
-    point_text,
-    run_naming,
-)
-from genrec.platform.sweep.interrupt import (
-    TUNE_LOGGER,
-    SweepInterrupted,
-    _TuneInterruptWatch,
-    fit_noticing_interrupt,
-)
+from genrec.platform.sweep.callbacks import make_callbacks
+from genrec.platform.sweep.interrupt import fit_noticing_interrupt
 from genrec.platform.sweep.parent_run import (
     killed_when_interrupted,
     log_parent_run,
     open_parent_run,
     open_store,
-    parent_run_metrics,
-    parent_run_params,
 )
 from genrec.platform.sweep.ray_start import (
-    AUTO_GPU_FRACTION,
     TrialResources,
     check_trial_resources,
     concurrent_slots,
     init_ray,
-    local_cluster,
     resolve_ray_address,
     trial_device,
-    trial_gpu,
     trial_resources,
 )
 from genrec.platform.sweep.reachability import sweep_destinations
-from genrec.platform.sweep.results import (
-    SweepSummary,
-    best_configuration,
-    build_report_hook,
-    collect_results,
-    evaluated_now,
-    standalone_report,
-)
+from genrec.platform.sweep.results import SweepSummary, build_report_hook, collect_results
 from genrec.platform.sweep.resume import (
-    FINGERPRINT_FILE,
     clear_experiment,
     plan_storage,
     stamp_fingerprint,
     stored_run_ids,
     tune_state_dir,
 )
-from genrec.platform.sweep.trial import (
-    SPEC_KEY,
-    TrialRun,
-    begin_trial,
-    numeric_metrics,
-    param_space,
-    run_trial,
-)
+from genrec.platform.sweep.trial import param_space, run_trial
 from genrec.platform.tracking import ExperimentLock
 
 # Tune state saved before the package existed names the callbacks' old module (see the docstring)
 sys.modules.setdefault("genrec.platform.sweep_callbacks", _callbacks)
 
-__all__ = [
-    # the driver's steps (this module)
-    "ensure_model",
-    "fresh_tuner",
-    "make_tuner",
-    "preflight",
-    "run_sweep",
-    "start_line",
-    "start_ray",
-    # callbacks.py
-    "ROW_KEY",
-    "GenrecMLflowCallback",
-    "ParquetRowCallback",
-    "clock",
-    "eta_s",
-    "make_callbacks",
-    "point_text",
-    "run_naming",
-    # interrupt.py
-    "TUNE_LOGGER",
-    "SweepInterrupted",
-    "_TuneInterruptWatch",
-    "fit_noticing_interrupt",
-    # parent_run.py
-    "killed_when_interrupted",
-    "log_parent_run",
-    "open_parent_run",
-    "open_store",
-    "parent_run_metrics",
-    "parent_run_params",
-    # ray_start.py
-    "AUTO_GPU_FRACTION",
-    "TrialResources",
-    "check_trial_resources",
-    "concurrent_slots",
-    "init_ray",
-    "local_cluster",
-    "resolve_ray_address",
-    "trial_device",
-    "trial_gpu",
-    "trial_resources",
-    # results.py
-    "SweepSummary",
-    "best_configuration",
-    "build_report_hook",
-    "collect_results",
-    "evaluated_now",
-    "standalone_report",
-    # resume.py
-    "FINGERPRINT_FILE",
-    "clear_experiment",
-    "plan_storage",
-    "stamp_fingerprint",
-    "stored_run_ids",
-    "tune_state_dir",
-    # trial.py
-    "SPEC_KEY",
-    "begin_trial",
-    "numeric_metrics",
-    "param_space",
-    "TrialRun",
-    "run_trial",
-]
+__all__ = ["ensure_model", "fresh_tuner", "make_tuner", "preflight", "run_sweep", "start_line", "start_ray"]
 
 log = logging.getLogger(__name__)
 

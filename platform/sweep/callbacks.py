@@ -11,7 +11,8 @@ from ray import tune
 from ray.air.integrations.mlflow import MLflowLoggerCallback
 
 from genrec.platform.experiment import ExperimentConfig
-from genrec.platform.mlflow_store import MlflowStore, RunNaming
+from genrec.platform.mlflow_naming import RunNaming
+from genrec.platform.mlflow_store import MlflowStore
 from genrec.platform.tracking import write_result_row
 
 ROW_KEY = "genrec_row"  # the result row as JSON in a trial's Tune result

@@ -19,7 +19,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from genrec.platform.experiment import ExperimentConfig
-from genrec.platform.mlflow_store import DECISION_TAG, MlflowStore, best_trial_row
+from genrec.platform.mlflow_rows import best_trial_row
+from genrec.platform.mlflow_store import DECISION_TAG, MlflowStore
 from genrec.platform.sweep.callbacks import run_naming
 from genrec.platform.sweep.interrupt import SweepInterrupted
 from genrec.platform.sweep.ray_start import TrialResources

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from genrec.platform.experiment import ExperimentConfig
-from genrec.platform.tracking import parquet_root, read_rows
+from genrec.workloads.results_store import parquet_root, read_rows
 
 if TYPE_CHECKING:
     from ray.tune import ResultGrid
@@ -194,6 +194,9 @@ def build_report_hook(cfg: ExperimentConfig, summary: SweepSummary) -> Path | No
     `reports/standalone/`, for the experiment-level MLflow run (kind 'sweep'), whose artifact viewer
     has no `plotly.min.js` beside the page."""
     from genrec.dashboards.report import build_report
+    from genrec.platform.benchmarks import load_report_pages
+
+    load_report_pages()  # the studies' pages (NEZHA, AtSpeed, MaRI) register themselves
 
     out = cfg.results_dir / "reports" / f"{cfg.name}.html"
     try:

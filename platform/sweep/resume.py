@@ -16,8 +16,9 @@ from pathlib import Path
 from ray import tune
 
 from genrec.platform.experiment import ExperimentConfig
-from genrec.platform.tracking import delete_rows, read_rows
+from genrec.platform.tracking import delete_rows
 from genrec.workloads.errors import UserInputError
+from genrec.workloads.results_store import read_rows
 
 FINGERPRINT_FILE = "genrec_experiment.json"
 

@@ -22,7 +22,7 @@ from ray import tune
 from genrec.platform.actors import cached_host
 from genrec.platform.experiment import ExperimentConfig, TrialSpec
 from genrec.platform.sweep.callbacks import ROW_KEY
-from genrec.platform.tracking import read_row
+from genrec.workloads.results_store import read_row
 
 SPEC_KEY = "genrec"  # the constant part of the param space: the experiment's TrialSpec
 

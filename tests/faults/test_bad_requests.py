@@ -217,7 +217,7 @@ def test_body_reading_is_bounded_in_time_and_size(headers, chunks, stall, status
 
 def test_token_budget_splits_a_group_into_calls():
     pytest.importorskip("ray.serve")
-    from genrec.platform.serve.app import token_chunks
+    from genrec.platform.serve.batch_decoder import token_chunks
 
     assert token_chunks([0, 1, 2, 3], [5, 5, 5, 5], 10) == [[0, 1], [2, 3]]
     assert token_chunks([0, 1, 2], [10, 1, 10], 10) == [[0], [1], [2]]

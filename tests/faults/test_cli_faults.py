@@ -19,7 +19,8 @@ from conftest import run_cli
 from experiment_files import cpu_sweep, write_experiment
 from fault_helpers import wait_until
 
-from genrec.platform.tracking import ExperimentBusy, ExperimentLock, read_rows
+from genrec.platform.tracking import ExperimentBusy, ExperimentLock
+from genrec.workloads.results_store import read_rows
 
 
 # ---- train --out ----------------------------------------------------------------------------------
@@ -159,7 +160,7 @@ def test_ctrl_c_during_a_sweep_prints_the_genrec_resume_command_and_exits_130(
 
 
 def test_tunes_own_interrupt_message_is_replaced_and_noticed():
-    from genrec.platform.sweep import _TuneInterruptWatch
+    from genrec.platform.sweep.interrupt import _TuneInterruptWatch
 
     watch = _TuneInterruptWatch()
     log = logging.getLogger("ray.tune.tune")

@@ -15,8 +15,8 @@ import pytest
 from experiment_files import cpu_sweep, write_experiment
 from fault_helpers import wait_until
 
-from genrec.platform.mlflow_store import KIND_TAG
-from genrec.platform.tracking import read_rows
+from genrec.platform.mlflow_rows import KIND_TAG
+from genrec.workloads.results_store import read_rows
 
 ray = pytest.importorskip("ray")
 pytest.importorskip("mlflow")

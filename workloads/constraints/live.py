@@ -24,10 +24,11 @@ import math
 import numpy as np
 import torch
 
+from genrec.kernels.constrained_mask_torch import select_next_state
 from genrec.workloads.constraints.backend import BoolMaskBackend
 from genrec.workloads.constraints.sets import ConstraintError, ConstraintSet, normalise_codes
 from genrec.workloads.constraints.transition import build_transition_matrix
-from genrec.workloads.constraints.vntk import StaticMask, select_next_state
+from genrec.workloads.constraints.vntk import StaticMask
 
 
 def _node_ids(codes: np.ndarray) -> list[np.ndarray]:

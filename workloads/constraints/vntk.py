@@ -2,7 +2,7 @@
 
 The kernel's torch reference (`vntk`, the fused `vntk_apply`, the sparse `csr_candidates`, and the
 state advance `select_next_state`) lives in genrec.kernels.constrained_mask_torch beside its Triton
-kernel (genrec.kernels.constrained_mask); the first three names are re-exported here.
+kernel (genrec.kernels.constrained_mask).
 
 `StaticMask` drives a whole decode and implements constraints.backend.MaskBackend plus the sparse
 `candidates` of a CandidateBackend. Per level it takes the path the transition matrix chose:
@@ -34,7 +34,7 @@ from genrec.kernels.constrained_mask_torch import (
 )
 from genrec.workloads.constraints.transition import TransitionMatrix
 
-__all__ = ["Children", "StaticMask", "csr_candidates", "select_next_state", "vntk", "vntk_apply"]
+__all__ = ["Children", "StaticMask"]
 
 
 class Children(NamedTuple):

@@ -30,27 +30,16 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from genrec.workloads.data.amazon_config import SID_METHODS, SPLIT_RULES, AmazonConfig
-from genrec.workloads.data.amazon_features import cooccurrence_features, hashed_vector, item_features
+from genrec.workloads.data.amazon_config import AmazonConfig
+from genrec.workloads.data.amazon_features import item_features
 from genrec.workloads.data.amazon_interactions import (
-    Interactions,
-    dedupe_first,
-    empty_core_message,
     filter_and_split,
-    k_core,
 )
 from genrec.workloads.data.amazon_reviews import (
-    REVIEW_KEYS,
-    WORD_RE,
-    Reviews,
-    iter_records,
-    meta_tokens,
-    open_text,
-    parse_record,
     read_meta,
     read_reviews,
 )
-from genrec.workloads.data.amazon_sids import kmeans, provisional_sids, radix_codes, rq_kmeans_codes
+from genrec.workloads.data.amazon_sids import provisional_sids
 from genrec.workloads.data.dataset import (
     DatasetError,
     Manifest,
@@ -60,35 +49,7 @@ from genrec.workloads.data.dataset import (
     write_dataset,
 )
 
-__all__ = [  # this module's own names, and the pipeline steps', importable from here
-    "IMPORTER_VERSION",
-    "REVIEW_KEYS",
-    "SID_METHODS",
-    "SPLIT_RULES",
-    "WORD_RE",
-    "AmazonConfig",
-    "Interactions",
-    "Reviews",
-    "build_amazon",
-    "cooccurrence_features",
-    "dedupe_first",
-    "empty_core_message",
-    "filter_and_split",
-    "hashed_vector",
-    "import_amazon",
-    "item_features",
-    "iter_records",
-    "k_core",
-    "kmeans",
-    "meta_tokens",
-    "open_text",
-    "parse_record",
-    "provisional_sids",
-    "radix_codes",
-    "read_meta",
-    "read_reviews",
-    "rq_kmeans_codes",
-]
+__all__ = ["IMPORTER_VERSION", "build_amazon", "import_amazon"]
 
 IMPORTER_VERSION = "1"
 

@@ -53,7 +53,8 @@ from genrec.workloads.decoding.scorers import BackboneScorer, codec_log_probs
 from genrec.workloads.decoding.template import decode_result, finish_timed, timed_prompts
 from genrec.workloads.decoding.tree_verify import RelaxedVerification, StepOutcome, StrictVerification
 from genrec.workloads.errors import UserInputError
-from genrec.workloads.models.transformer import GRTransformer, KVCache
+from genrec.workloads.models.kv_cache import KVCache
+from genrec.workloads.models.transformer import GRTransformer
 from genrec.workloads.sid_codec import SIDCodec
 
 NEG_INF = float("-inf")

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from genrec.workloads.models.transformer import GRTransformer, KVCache
+from genrec.workloads.models.kv_cache import KVCache
+from genrec.workloads.models.transformer import GRTransformer
 from genrec.workloads.sid_codec import SIDCodec
 
 

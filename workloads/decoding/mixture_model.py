@@ -27,13 +27,8 @@ from torch import Tensor
 
 from genrec.workloads.decoding.base import DecoderContext
 from genrec.workloads.errors import UserInputError
-from genrec.workloads.models.transformer import (
-    ExtendOutput,
-    GRTransformer,
-    KVCache,
-    PrefillOutput,
-    StepOutput,
-)
+from genrec.workloads.models.kv_cache import KVCache
+from genrec.workloads.models.transformer import ExtendOutput, GRTransformer, PrefillOutput, StepOutput
 
 NEG_INF = float("-inf")
 

@@ -18,8 +18,9 @@ import torch
 from torch import Tensor
 
 from genrec.workloads.decoding.base import PhaseTimer
+from genrec.workloads.models.kv_cache import KVCache
 from genrec.workloads.models.nezha_head import DraftHead
-from genrec.workloads.models.transformer import GRTransformer, KVCache
+from genrec.workloads.models.transformer import GRTransformer
 from genrec.workloads.sid_codec import SIDCodec
 from genrec.workloads.tokenize.level_scores import gather_level_log_probs
 from genrec.workloads.tokenize.level_scores import level_log_probs as head_level_log_probs

@@ -4,7 +4,7 @@ Early sorting termination (section 6.2). A level's candidates are scores[b, j] +
 over w beams x T codes; the next beams are the top BW. xGR walks each beam's sorted candidates and
 stops a beam once its next candidate falls below the current BW-th best (a min-heap of size BW).
 Sorting every beam first costs far more than one flat top-k on a CPU (512 rows of 256: ~30-50x a
-flat top-k, measured in workloads/benchmarks/xgr_select.py), so the vectorised form here prunes by
+flat top-k, measured in studies/xgr/xgr_select.py), so the vectorised form here prunes by
 blocks instead of by single candidates:
 
 1. group each beam's codes into `stripes` groups of T / stripes codes (codes r, r + stripes, ...: a

@@ -35,7 +35,8 @@ from genrec.workloads.decoding.scorers import BackboneScorer
 from genrec.workloads.decoding.template import BeamTemplate
 from genrec.workloads.decoding.xbeam import EarlyTopK, SelectBuffers
 from genrec.workloads.errors import UserInputError
-from genrec.workloads.models.transformer import GRTransformer, KVCache, PrefillOutput
+from genrec.workloads.models.kv_cache import KVCache
+from genrec.workloads.models.transformer import GRTransformer, PrefillOutput
 from genrec.workloads.sid_codec import SIDCodec
 
 REORDERS = ("index", "copy")

@@ -26,6 +26,7 @@ from genrec.workloads.models.checkpoint_limits import (
     check_model_section,
     check_prompt_window,
 )
+from genrec.workloads.models.model_config import ModelConfig
 from genrec.workloads.models.nezha_head import (
     DraftHead,
     HeadConfig,
@@ -33,7 +34,7 @@ from genrec.workloads.models.nezha_head import (
     head_state_dict,
     split_head_tensors,
 )
-from genrec.workloads.models.transformer import GRTransformer, ModelConfig
+from genrec.workloads.models.transformer import GRTransformer
 from genrec.workloads.sid_codec import SIDCodec
 
 FORMAT_VERSION = 1

@@ -25,7 +25,7 @@ per-head q/k RMSNorm, a tied head and the llama3 RoPE scaling (model_config.py);
 their dtype, with attention scores and softmax in fp32.
 
 Modules: model_config.py (ModelConfig, sizes), transformer_blocks.py (RMSNorm, RoPE, Attention, MLP,
-Block), kv_cache.py (KVCache); their names stay importable from here.
+Block), kv_cache.py (KVCache).
 """
 
 from __future__ import annotations
@@ -37,37 +37,22 @@ import torch
 from torch import Tensor, nn
 
 from genrec.kernels.shared_prefix_attention import get_attention_backend
-from genrec.workloads.models.kv_cache import KVCache, beam_step_index, gather_beam_steps
-from genrec.workloads.models.model_config import MODEL_SIZES, ModelConfig, model_config_for
+from genrec.workloads.models.kv_cache import KVCache
+from genrec.workloads.models.model_config import ModelConfig
 from genrec.workloads.models.transformer_blocks import (
-    MLP,
-    Attention,
     Block,
     RMSNorm,
-    apply_rope,
     config_inv_freq,
     rope_cos_sin,
 )
 
-__all__ = [  # this module's own names, and the config's, blocks' and cache's, importable from here
-    "MLP",
-    "MODEL_SIZES",
-    "Attention",
-    "Block",
+__all__ = [
     "ExtendOutput",
     "GRTransformer",
-    "KVCache",
-    "ModelConfig",
     "PrefillOutput",
-    "RMSNorm",
     "StepOutput",
-    "apply_rope",
-    "beam_step_index",
     "causal_attention_inputs",
     "check_tree_mask",
-    "gather_beam_steps",
-    "model_config_for",
-    "rope_cos_sin",
     "tree_depths",
 ]
 

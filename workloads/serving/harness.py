@@ -31,13 +31,13 @@ is the token count predicted to take `budget_share` of the SLO. The same fit see
 service model, which keeps learning from every batch.
 
 This module is the harness's command line (`main`, `parse_args`, `arms_of`, `rates_of`,
-`format_table`) and its public face: the names below stay importable from here. The code lives in:
+`format_table`). The code lives in:
 
 - workloads/serving/open_loop.py: one load test: `LoadSpec`, `Record`, `poisson_arrivals`,
   `OpenLoop`, `run_open_loop`, `summarize`.
 - workloads/serving/rate_search.py: the rate search: `Search`, `interleaved_search`, `aggregate`.
-- workloads/serving/slo.py: the SLO rule `meets_slo`, the rate rounding `nice_rate` (also exported
-  under its old name `nice`) and `DEFAULT_MAX_UNANSWERED`, shared with the load generator
+- workloads/serving/slo.py: the SLO rule `meets_slo`, the rate rounding `nice_rate` and
+  `DEFAULT_MAX_UNANSWERED`, shared with the load generator
   (platform/loadgen/).
 - workloads/serving/arms.py: the arms and running them on a model: `Arm`, `Options`, `Calibration`,
   `calibrate`, `arm_budget`, `make_policy`, `load_test`, `format_point`, `request_pool`,
@@ -58,73 +58,14 @@ from dataclasses import asdict
 
 from genrec.workloads.serving.arms import (
     Arm,
-    Calibration,
     Options,
-    arm_budget,
-    calibrate,
-    decode_batch_fn,
-    format_point,
-    load_test,
-    make_policy,
     open_replicas,
-    request_pool,
     run_arms,
 )
-from genrec.workloads.serving.open_loop import (
-    OUTCOMES,
-    LoadSpec,
-    OpenLoop,
-    Record,
-    ServeBatch,
-    poisson_arrivals,
-    run_open_loop,
-    summarize,
-)
-from genrec.workloads.serving.rate_search import Search, aggregate, interleaved_search
-from genrec.workloads.serving.replicas import ReplicaError, ReplicaPool, ReplicaSetup, route_round_robin
-from genrec.workloads.serving.slo import DEFAULT_MAX_UNANSWERED, meets_slo, nice_rate
+from genrec.workloads.serving.replicas import ReplicaError, ReplicaSetup
 from genrec.workloads.serving.xschedule import POLICIES
 
-nice = nice_rate  # the name this module exported before the rule moved to workloads/serving/slo.py
-
-__all__ = [
-    "DEFAULT_MAX_UNANSWERED",
-    "OUTCOMES",
-    "Arm",
-    "Calibration",
-    "LoadSpec",
-    "OpenLoop",
-    "Options",
-    "Record",
-    "ReplicaError",
-    "ReplicaPool",
-    "ReplicaSetup",
-    "Search",
-    "ServeBatch",
-    "aggregate",
-    "arm_budget",
-    "arms_of",
-    "calibrate",
-    "decode_batch_fn",
-    "format_point",
-    "format_table",
-    "interleaved_search",
-    "load_test",
-    "main",
-    "make_policy",
-    "meets_slo",
-    "nice",
-    "nice_rate",
-    "open_replicas",
-    "parse_args",
-    "poisson_arrivals",
-    "rates_of",
-    "request_pool",
-    "route_round_robin",
-    "run_arms",
-    "run_open_loop",
-    "summarize",
-]
+__all__ = ["arms_of", "format_table", "main", "parse_args", "rates_of"]
 
 
 def parse_args(argv: list[str] | None, prog: str) -> argparse.Namespace:

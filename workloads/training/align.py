@@ -17,7 +17,7 @@ sums of those, as the teacher file stores them.
 The objectives live beside this module: align_token_level.py (WordKD, TVDKD), align_sequence_level.py
 (SeqKD, AtSpeed-S, AtSpeed-R per level, and why AtSpeed-S is read as it is), align_sequences.py (the
 teacher's sequences and the loss over them) and align_context_tree.py (each distinct context scored
-once); the names used outside stay importable from here.
+once).
 
 Ablations (flags): w/o DR drops DR_t (AtSpeed-S); w/o CA replaces V_c by the whole vocabulary with
 the plain softmaxes, eq. 3 (AtSpeed-S and -R); w/o top-K aligns on the teacher's top-1 SID only
@@ -47,9 +47,7 @@ from genrec.workloads.models.transformer import GRTransformer
 from genrec.workloads.sid_codec import SIDCodec
 from genrec.workloads.training.align_context_tree import build_context_tree, context_logits
 from genrec.workloads.training.align_sequence_level import (
-    ATSPEED_S_READING,
     DR_MODES,
-    NEG_INF,
     alignment_support,
 )
 from genrec.workloads.training.align_sequences import (
@@ -71,21 +69,7 @@ from genrec.workloads.training.trainer import (
     target_loss,
 )
 
-__all__ = [  # this module's own names, and the objectives' used outside, importable from here
-    "ATSPEED_S_READING",
-    "DR_MODES",
-    "NEG_INF",
-    "AlignFlags",
-    "AlignObjective",
-    "alignment_support",
-    "labelled_logits",
-    "load_target",
-    "mix_losses",
-    "prepare_alignment",
-    "token_levels",
-    "tvdkd_loss",
-    "wordkd_loss",
-]
+__all__ = ["AlignFlags", "AlignObjective", "load_target", "mix_losses", "prepare_alignment"]
 
 
 @dataclass(frozen=True)

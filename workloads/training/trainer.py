@@ -37,8 +37,9 @@ from genrec.workloads.models.inputs import (
     max_prompt_len,
     training_windows,
 )
+from genrec.workloads.models.model_config import MODEL_SIZES, model_config_for
 from genrec.workloads.models.nezha_head import HEAD_VARIANTS
-from genrec.workloads.models.transformer import MODEL_SIZES, GRTransformer, model_config_for
+from genrec.workloads.models.transformer import GRTransformer
 from genrec.workloads.progress import bar_enabled
 from genrec.workloads.sid_codec import SIDCodec
 

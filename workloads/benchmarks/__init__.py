@@ -1,1 +1,0 @@
-"""Benchmark commands whose figures go to docs/results.md."""
