@@ -7,7 +7,7 @@ RUNS   ?= runs
 # CPU build of torch (it lies on local disk here); machines with a GPU take the default build.
 TORCH_SPEC ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo torch || echo torch==2.13.0)
 
-.PHONY: setup demo test test-all lint format bench-beam clean
+.PHONY: setup demo test test-all lint format bench-beam clean gpu-check
 
 setup: $(VENV)/.installed
 
@@ -36,6 +36,10 @@ demo: setup
 test: setup
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -m "not gpu"
+
+# the one-call GPU check (docs/gpu_runbook.md); on a CPU add ARGS="--device cpu --dry-run"
+gpu-check:
+	OUT=$${OUT:-runs/gpu_check} bash docs/gpu/check.sh $(ARGS)
 
 lint: setup
 	$(BIN)/ruff check .
