@@ -6,7 +6,7 @@ import dataclasses
 from test_report import ENV
 
 from genrec.platform.tracking import write_result_row
-from genrec.workloads import results_diff
+from genrec.studies.common import results_diff
 from genrec.workloads.results import ResultRow
 
 

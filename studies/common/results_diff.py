@@ -1,6 +1,6 @@
 """Do two result folders hold the same configurations with the same quality? (a refactor's check)
 
-    python -m genrec.workloads.results_diff BEFORE/runs/results AFTER/runs/results --experiment demo
+    python -m genrec.studies.common.results_diff BEFORE/runs/results AFTER/runs/results --experiment demo
 
 A configuration is (decoder, its parameters, model, draft, dataset, split, seed), the folders' own paths
 reduced to their last part so two clones compare. Quality is every quality column (hr@K, ndcg@K,
