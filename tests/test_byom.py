@@ -23,10 +23,10 @@ if not torch.cuda.is_available():  # transformers' model classes import triton: 
 
 tf = pytest.importorskip("transformers", reason="the peers extra builds the reference checkpoints")
 
-from sid_tokenizers import lcrec_token_strings, save_tokenizer, word_tokenizer  # noqa: E402
 from test_hf_beam import assert_same_top_k  # noqa: E402
 
 from genrec.platform.cli import main  # noqa: E402
+from genrec.studies.common.random_hf import lcrec_token_strings, save_tokenizer, word_tokenizer  # noqa: E402
 from genrec.workloads.decoding.base import decoder_class, decoder_names, get_decoder, make_params  # noqa: E402
 from genrec.workloads.errors import UserInputError  # noqa: E402
 from genrec.workloads.evaluation import load_imported_context  # noqa: E402
@@ -34,7 +34,7 @@ from genrec.workloads.evaluation import load_imported_context  # noqa: E402
 SIZES = (12, 6, 5)
 GAP = (0, 4)  # (level, code) without a token: LC-Rec adds only the codes some item uses
 N_ITEMS, USERS = 120, 100
-PAD_ID = 3  # "<pad>" in sid_tokenizers.WORDS
+PAD_ID = 3  # "<pad>" in random_hf.WORDS
 TEMPLATE = {"text": "the user bought {history} .", "response_prefix": " next item :"}
 BASE = dict(
     hidden_size=32,

@@ -95,10 +95,7 @@ def test_cpu_dry_run_of_the_real_plan(tmp_path):
     code = check.main(["--out", str(out), "--work", str(tmp_path / "work"), "--device", "cpu", "--dry-run"])
     record = json.loads((out / "gpu_check.json").read_text())
     steps = {s["name"]: s["status"] for s in record["steps"]}
-    assert steps.pop("imported_qwen3") == "not built"
     assert set(steps.values()) == {"ok"}, steps
     assert code == 0
     for t in record["targets"]:
-        if "Qwen3" in t["target"]:
-            continue
         assert t["status"] in ("met", "not met", "n/a on cpu"), t

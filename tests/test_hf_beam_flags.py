@@ -12,8 +12,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from sid_tokenizers import lcrec_token_strings, save_tokenizer, word_tokenizer  # noqa: E402
-
+from genrec.studies.common.random_hf import lcrec_token_strings, save_tokenizer, word_tokenizer  # noqa: E402
 from genrec.workloads.decoding.hf_beam import (  # noqa: E402
     generate_sid_beams,
     overridden_flags,
@@ -25,7 +24,7 @@ from genrec.workloads.tokenize.sid_tokens import load_sid_table, load_tokenizer,
 
 SIZES = (12, 3, 2)  # <a_10>, <a_11> sort before <a_2>
 GAPS = ("<a_4>", "<b_1>")  # codes without a token: never generated
-PAD_ID = 3  # "<pad>" in sid_tokenizers.WORDS
+PAD_ID = 3  # "<pad>" in random_hf.WORDS
 HOSTILE = dict(  # what a checkpoint may ship; each of these would change a beam search if merged in
     do_sample=True,
     temperature=0.3,

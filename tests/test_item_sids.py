@@ -9,8 +9,8 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sid_tokenizers import lcrec_token_strings, word_tokenizer
 
+from genrec.studies.common.random_hf import lcrec_token_strings, word_tokenizer
 from genrec.workloads.data.item_sids import read_item_sids
 from genrec.workloads.errors import UserInputError
 from genrec.workloads.tokenize.sid_tokens import sid_pattern, sid_table_from_tokenizer

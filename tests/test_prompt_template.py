@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sid_tokenizers import lcrec_token_strings, save_tokenizer, word_tokenizer
 
+from genrec.studies.common.random_hf import lcrec_token_strings, save_tokenizer, word_tokenizer
 from genrec.workloads.errors import UserInputError
 from genrec.workloads.tokenize.prompt_template import PromptEncoder, PromptTemplate
 from genrec.workloads.tokenize.sid_tokens import load_sid_table, load_tokenizer, sid_pattern

@@ -7,8 +7,8 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sid_tokenizers import WORDS, lcrec_token_strings, save_tokenizer, word_tokenizer
 
+from genrec.studies.common.random_hf import WORDS, lcrec_token_strings, save_tokenizer, word_tokenizer
 from genrec.workloads.errors import UserInputError
 from genrec.workloads.sid_codec import SIDCodec
 from genrec.workloads.sid_table import NO_TOKEN, SIDTokenTable
