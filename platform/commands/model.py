@@ -57,6 +57,13 @@ def train_command(
             "next_item; default) or per_example (one prompt per target)."
         ),
     ] = "packed",
+    init: Annotated[
+        Path | None,
+        typer.Option(
+            help="nezha / mtp: an imported checkpoint (`genrec model import hf`); only the head trains, "
+            "on its frozen backbone, with its SID table and prompt template (per_example batching)."
+        ),
+    ] = None,
     target: Annotated[
         Path | None, typer.Option(help="AtSpeed drafts: the target checkpoint the draft aligns to.")
     ] = None,
@@ -121,6 +128,7 @@ def train_command(
         no_ca=no_ca,
         top1=top1,
         all_steps=all_steps,
+        init=str(init) if init else "",
     )
     result = train(data, out, cfg, progress=not quiet)
     typer.echo(

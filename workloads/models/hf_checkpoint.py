@@ -25,10 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from genrec.workloads.errors import UserInputError
 from genrec.workloads.models.checkpoint import Checkpoint, save_checkpoint
 from genrec.workloads.models.hf_import import load_hf_model
+from genrec.workloads.models.inputs import left_pad
 from genrec.workloads.sid_codec import SIDCodec
 from genrec.workloads.sid_table import SIDTokenTable
 from genrec.workloads.tokenize.prompt_template import TEMPLATE_FILE, PromptEncoder, PromptTemplate
@@ -189,6 +191,21 @@ def imported_inputs(ckpt: Checkpoint) -> ImportedInputs:
     hf = ckpt.meta["hf"]
     backbone = {k: hf[k] for k in BACKBONE_KEYS}
     return ImportedInputs(encoder, int(raw["pad_id"]), raw.get("bos_id"), str(hf["path"]), backbone)
+
+
+def imported_prompts(
+    inputs: ImportedInputs,
+    item_codes: np.ndarray,
+    histories: list[list[int]],
+    max_items: int,
+    device: torch.device | str = "cpu",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded prompt tokens and mask [B, S]: the last `max_items` items of each history rendered by
+    the checkpoint's template and tokenizer (decoding and head training prompt alike)."""
+    if any(len(h) == 0 for h in histories):
+        raise ValueError("a history is empty; a prompt needs at least one item")
+    codes = [item_codes[np.asarray(h[-max_items:], dtype=np.int64)] for h in histories]
+    return left_pad(inputs.encoder.encode_batch(codes), inputs.pad_id, device)
 
 
 def imported_item_codes(ckpt: Checkpoint) -> np.ndarray:

@@ -18,7 +18,7 @@ import math
 import os
 import random
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,7 @@ SEQUENCE_OBJECTIVES = ("seqkd", "atspeed_s", "atspeed_r")
 TARGET_OBJECTIVES = ("wordkd", "tvdkd", "atspeed_s", "atspeed_r")
 OBJECTIVES = ("next_item", "nezha", "mtp", *ALIGN_OBJECTIVES)
 HEAD_BATCHING = ("packed", "per_example")  # training/nezha_objective.py
+INIT_OBJECTIVES = ("nezha", "mtp")  # what --init MODEL (an imported checkpoint) trains
 
 
 @dataclass
@@ -84,6 +85,9 @@ class TrainConfig:
     no_ca: bool = False  # w/o CA: align over the whole vocabulary (eq. 3)
     top1: bool = False  # w/o top-K: the teacher's top-1 SID only
     all_steps: bool = False  # w/ AD: the target's beam after every level too (Table 5; align_sequences.py)
+    # an imported checkpoint folder (`genrec model import hf`): nezha / mtp train only a head on its
+    # frozen backbone, with its SID table and prompt template (training/imported_init.py)
+    init: str = ""
 
     def validate(self) -> None:
         problems = []
@@ -109,6 +113,12 @@ class TrainConfig:
         if self.head_batching not in HEAD_BATCHING:
             problems.append(f"head_batching must be one of {list(HEAD_BATCHING)}, got {self.head_batching!r}")
         problems += self.alignment_problems()
+        if self.init and self.objective not in INIT_OBJECTIVES:
+            names = " or ".join(INIT_OBJECTIVES)
+            problems.append(
+                f"--init (an imported checkpoint) trains a draft head on its frozen backbone; "
+                f"use --objective {names}, not {self.objective!r}"
+            )
         if self.device == "cuda" and not torch.cuda.is_available():
             problems.append("device cuda asked for, but no CUDA device is available; use --device cpu")
         if problems:
@@ -237,6 +247,7 @@ class _TrainData:
     seqs: list[list[int]]  # each user's train items
     windows: list[tuple[list[int], int]]  # (window, num_targets)
     val_windows: list[list[int]]
+    init: Any = None  # training/imported_init.InitModel: the imported checkpoint a head trains on
 
 
 @dataclass
@@ -268,7 +279,13 @@ def train(
         torch.set_num_threads(cfg.threads)
     device = resolve_device(cfg.device)
     autocast = device.type == "cuda"
-    data = _training_data(data_dir, cfg)
+    init = None
+    if cfg.init:  # its prompts are the template's, not our packed BOS + SID layout: one per target
+        from genrec.workloads.training.imported_init import load_init
+
+        cfg = replace(cfg, head_batching="per_example")
+        init = load_init(cfg.init, device)
+    data = _training_data(data_dir, cfg, init)
     loop, meta = _setup_loop(data_dir, data, cfg, device, autocast)
     best = (float("inf"), -1)
     history: list[dict] = []
@@ -310,16 +327,21 @@ def train(
     return TrainResult(Path(out_dir), best[0], best[1], epoch, step, seconds, history)
 
 
-def _training_data(data_dir: str | os.PathLike, cfg: TrainConfig) -> _TrainData:
+def _training_data(data_dir: str | os.PathLike, cfg: TrainConfig, init: Any = None) -> _TrainData:
     ds = load_dataset(data_dir)
     codec = ds.codec
+    if init is not None:  # the imported checkpoint's SID table spells the items (checked here)
+        from genrec.workloads.training.imported_init import check_dataset
+
+        check_dataset(init, ds, data_dir)
+        codec = init.ckpt.codec
     item_tokens = item_token_table(codec, ds.item_codes())
     seqs = list(ds.user_sequences(("train",)).values())
     windows = training_windows(seqs, cfg.max_items)
     if not windows:
         raise UserInputError(f"{data_dir}: no user has two or more train interactions; nothing to learn from")
     val_windows = validation_windows(ds, cfg.max_items, cfg.max_val_examples, cfg.seed)
-    return _TrainData(ds, codec, item_tokens, seqs, windows, val_windows)
+    return _TrainData(ds, codec, item_tokens, seqs, windows, val_windows, init)
 
 
 def _setup_loop(
@@ -328,11 +350,14 @@ def _setup_loop(
     """The model, its objective, optimiser, schedule and batch rng (built in this order: the seeded
     RNGs are drawn from in it), and the checkpoint's meta."""
     codec = data.codec
-    model_cfg = model_config_for(
-        cfg.model_size, codec.vocab_size, max_prompt_len(codec.levels, cfg.max_items + 1)
-    )
-    model = GRTransformer(model_cfg).to(device)
-    model.train()
+    if data.init is not None:  # the imported backbone (the head objective freezes it)
+        model = data.init.ckpt.model
+    else:
+        model_cfg = model_config_for(
+            cfg.model_size, codec.vocab_size, max_prompt_len(codec.levels, cfg.max_items + 1)
+        )
+        model = GRTransformer(model_cfg).to(device)
+        model.train()
     objective, align, align_meta = _build_objective(cfg, model, data, device, autocast)
     trainable = model if objective is None else objective.trainable
     opt = make_optimizer(trainable, cfg)
@@ -366,10 +391,15 @@ def _build_objective(
     elif cfg.objective != "next_item":
         from genrec.workloads.training.nezha_objective import HeadObjective
 
+        frozen = None
+        if data.init is not None:
+            from genrec.workloads.training.imported_init import frozen_backbone
+
+            frozen = frozen_backbone(data.init, data.ds.item_codes(), cfg.max_items)
         # built after the backbone, so the backbone starts from the same weights as a next_item run
         objective = HeadObjective(
             cfg.objective, cfg.head_variant, model, data.codec, data.item_tokens, data.ds.item_codes(),
-            data.seqs, data.val_windows, cfg.max_items, device, autocast, cfg.head_batching,
+            data.seqs, data.val_windows, cfg.max_items, device, autocast, cfg.head_batching, frozen,
         )  # fmt: skip
     return objective, align, align_meta
 
@@ -390,7 +420,13 @@ def _checkpoint_meta(
     trainable: torch.nn.Module,
     align_meta: dict,
 ) -> dict:
+    init = {}
+    if data.init is not None:
+        from genrec.workloads.training.imported_init import init_meta
+
+        init = init_meta(data.init, data_dir, len(data.item_tokens))
     return {
+        **init,
         "dataset": str(Path(data_dir).resolve()),
         "dataset_name": data.ds.manifest.name,
         "model_size": cfg.model_size,
@@ -453,4 +489,10 @@ def _end_of_epoch(loop: _Loop, epoch: int, running: float, count: int) -> tuple[
 
 def _save_best(out_dir: str | os.PathLike, loop: _Loop, meta: dict) -> None:
     head = loop.objective.head if loop.objective is not None else None
+    if loop.data.init is not None:  # again an imported checkpoint: tokenizer, template, items beside it
+        from genrec.workloads.training.imported_init import save_from_init
+
+        codes = loop.data.ds.item_codes()
+        save_from_init(out_dir, loop.data.init, head, loop.cfg.max_items, meta, codes)
+        return
     save_checkpoint(out_dir, Checkpoint(loop.model, loop.data.codec, loop.cfg.max_items, meta, head=head))
