@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -158,9 +159,15 @@ def import_hf_checkpoint(
 
 
 def write_checkpoint_folder(
-    out: Path, ckpt: Checkpoint, hf_path: Path, template: PromptTemplate, codes: np.ndarray
+    out: Path,
+    ckpt: Checkpoint,
+    hf_path: Path,
+    template: PromptTemplate,
+    codes: np.ndarray,
+    extra: Callable[[Path], object] | None = None,
 ) -> Path:
-    """Checkpoint + tokenizer + template + items in a temporary sibling, renamed into place at the end."""
+    """Checkpoint + tokenizer + template + items in a temporary sibling, renamed into place at the end;
+    `extra(folder)` adds files before the rename (an HF export of a fine-tuned model)."""
     from genrec.workloads.data.dataset import replace_dir
     from genrec.workloads.io import temp_sibling_dir
 
@@ -170,6 +177,8 @@ def write_checkpoint_folder(
         shutil.copyfile(hf_path / TOKENIZER_FILE, folder / TOKENIZER_FILE)
         template.save(folder)
         np.save(folder / ITEMS_FILE, np.ascontiguousarray(codes, dtype=np.int64), allow_pickle=False)
+        if extra is not None:
+            extra(folder)
         replace_dir(folder, out.resolve())
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -18,7 +18,7 @@ import math
 import os
 import random
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +49,6 @@ SEQUENCE_OBJECTIVES = ("seqkd", "atspeed_s", "atspeed_r")
 TARGET_OBJECTIVES = ("wordkd", "tvdkd", "atspeed_s", "atspeed_r")
 OBJECTIVES = ("next_item", "nezha", "mtp", *ALIGN_OBJECTIVES)
 HEAD_BATCHING = ("packed", "per_example")  # training/nezha_objective.py
-INIT_OBJECTIVES = ("nezha", "mtp")  # what --init MODEL (an imported checkpoint) trains
 
 
 @dataclass
@@ -86,8 +85,10 @@ class TrainConfig:
     top1: bool = False  # w/o top-K: the teacher's top-1 SID only
     all_steps: bool = False  # w/ AD: the target's beam after every level too (Table 5; align_sequences.py)
     # an imported checkpoint folder (`genrec model import hf`): nezha / mtp train only a head on its
-    # frozen backbone, with its SID table and prompt template (training/imported_init.py)
+    # frozen backbone; "hf:DIR": next_item fine-tunes a pretrained LM given the data set's SID tokens,
+    # all weights or (`train_rows="new-rows"`) the SID rows only (training/imported_init.py)
     init: str = ""
+    train_rows: str = "all"
 
     def validate(self) -> None:
         problems = []
@@ -113,12 +114,10 @@ class TrainConfig:
         if self.head_batching not in HEAD_BATCHING:
             problems.append(f"head_batching must be one of {list(HEAD_BATCHING)}, got {self.head_batching!r}")
         problems += self.alignment_problems()
-        if self.init and self.objective not in INIT_OBJECTIVES:
-            names = " or ".join(INIT_OBJECTIVES)
-            problems.append(
-                f"--init (an imported checkpoint) trains a draft head on its frozen backbone; "
-                f"use --objective {names}, not {self.objective!r}"
-            )
+        if self.init or self.train_rows != "all":
+            from genrec.workloads.training.imported_init import init_problems
+
+            problems += init_problems(self.init, self.objective, self.train_rows)
         if self.device == "cuda" and not torch.cuda.is_available():
             problems.append("device cuda asked for, but no CUDA device is available; use --device cpu")
         if problems:
@@ -278,13 +277,22 @@ def train(
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     device = resolve_device(cfg.device)
-    autocast = device.type == "cuda"
     init = None
-    if cfg.init:  # its prompts are the template's, not our packed BOS + SID layout: one per target
-        from genrec.workloads.training.imported_init import load_init
+    if cfg.init:  # an imported checkpoint, or an HF folder given the data set's SID tokens first
+        from genrec.workloads.training.imported_init import finish, start
 
-        cfg = replace(cfg, head_batching="per_example")
-        init = load_init(cfg.init, device)
+        cfg, init = start(cfg, data_dir, out_dir, device)
+    try:
+        return _train(data_dir, out_dir, cfg, progress, device, init)
+    finally:
+        if init is not None:
+            finish(init)
+
+
+def _train(
+    data_dir, out_dir, cfg: TrainConfig, progress: bool, device: torch.device, init: Any
+) -> TrainResult:
+    autocast = device.type == "cuda"
     data = _training_data(data_dir, cfg, init)
     loop, meta = _setup_loop(data_dir, data, cfg, device, autocast)
     best = (float("inf"), -1)
@@ -331,10 +339,7 @@ def _training_data(data_dir: str | os.PathLike, cfg: TrainConfig, init: Any = No
     ds = load_dataset(data_dir)
     codec = ds.codec
     if init is not None:  # the imported checkpoint's SID table spells the items (checked here)
-        from genrec.workloads.training.imported_init import check_dataset
-
-        check_dataset(init, ds, data_dir)
-        codec = init.ckpt.codec
+        codec = init.codec_for(ds, data_dir)
     item_tokens = item_token_table(codec, ds.item_codes())
     seqs = list(ds.user_sequences(("train",)).values())
     windows = training_windows(seqs, cfg.max_items)
@@ -350,7 +355,7 @@ def _setup_loop(
     """The model, its objective, optimiser, schedule and batch rng (built in this order: the seeded
     RNGs are drawn from in it), and the checkpoint's meta."""
     codec = data.codec
-    if data.init is not None:  # the imported backbone (the head objective freezes it)
+    if data.init is not None:  # the imported backbone (a head objective freezes it)
         model = data.init.ckpt.model
     else:
         model_cfg = model_config_for(
@@ -388,18 +393,17 @@ def _build_objective(
         align, align_meta = prepare_alignment(
             cfg, model, data.ds, data.item_tokens, data.windows, device, autocast
         )
+    elif data.init is not None:
+        from genrec.workloads.training.imported_init import init_objective
+
+        objective = init_objective(cfg, data, device, autocast)
     elif cfg.objective != "next_item":
         from genrec.workloads.training.nezha_objective import HeadObjective
 
-        frozen = None
-        if data.init is not None:
-            from genrec.workloads.training.imported_init import frozen_backbone
-
-            frozen = frozen_backbone(data.init, data.ds.item_codes(), cfg.max_items)
         # built after the backbone, so the backbone starts from the same weights as a next_item run
         objective = HeadObjective(
             cfg.objective, cfg.head_variant, model, data.codec, data.item_tokens, data.ds.item_codes(),
-            data.seqs, data.val_windows, cfg.max_items, device, autocast, cfg.head_batching, frozen,
+            data.seqs, data.val_windows, cfg.max_items, device, autocast, cfg.head_batching,
         )  # fmt: skip
     return objective, align, align_meta
 
@@ -420,11 +424,7 @@ def _checkpoint_meta(
     trainable: torch.nn.Module,
     align_meta: dict,
 ) -> dict:
-    init = {}
-    if data.init is not None:
-        from genrec.workloads.training.imported_init import init_meta
-
-        init = init_meta(data.init, data_dir, len(data.item_tokens))
+    init = data.init.meta(data_dir, len(data.item_tokens)) if data.init is not None else {}
     return {
         **init,
         "dataset": str(Path(data_dir).resolve()),
@@ -490,9 +490,6 @@ def _end_of_epoch(loop: _Loop, epoch: int, running: float, count: int) -> tuple[
 def _save_best(out_dir: str | os.PathLike, loop: _Loop, meta: dict) -> None:
     head = loop.objective.head if loop.objective is not None else None
     if loop.data.init is not None:  # again an imported checkpoint: tokenizer, template, items beside it
-        from genrec.workloads.training.imported_init import save_from_init
-
-        codes = loop.data.ds.item_codes()
-        save_from_init(out_dir, loop.data.init, head, loop.cfg.max_items, meta, codes)
+        loop.data.init.save(out_dir, head, loop.cfg.max_items, meta, loop.data.ds.item_codes())
         return
     save_checkpoint(out_dir, Checkpoint(loop.model, loop.data.codec, loop.cfg.max_items, meta, head=head))
