@@ -157,3 +157,11 @@ def test_new_rows_needs_an_hf_start(world, tmp_path, capsys):
     ]
     code, err = run_cli(args, capsys)
     assert code == 2 and "hf:DIR" in err, err
+
+
+def test_a_folder_without_a_tokenizer_exits_2_and_leaves_no_scratch(world, tmp_path, capsys):
+    _, data, _, _ = world
+    (tmp_path / "lm").mkdir()
+    code, err = run_cli(train_args(data, tmp_path / "lm", tmp_path / "m"), capsys)
+    assert code == 2 and err.count("\n") == 1 and "tokenizer.json" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lm"], "nothing written, no scratch left"
