@@ -5,6 +5,8 @@ instead (training/nezha_objective.py); the loop, schedule, early stopping and ch
 The AtSpeed draft objectives (`wordkd`, `seqkd`, `tvdkd`, `atspeed_s`, `atspeed_r`; training/align.py)
 train a draft model on the same windows and steps with alpha * L_align + (1 - alpha) * L_rec; their
 validation loss is the next-item one, and the checkpoint's config names the target it was aligned to.
+`init` starts from a Hugging Face model instead of random weights (training/imported_init.py): a head
+on an imported checkpoint's frozen backbone, or next-item fine-tuning of a pretrained LM (hf:DIR).
 
 AdamW with linear warm-up then cosine decay, gradient clipping, validation loss after every
 epoch, early stopping on it, and the best checkpoint kept (written atomically). The loss is on
