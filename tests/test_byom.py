@@ -10,82 +10,35 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import shutil
 import sys
 
 import numpy as np
 import pytest
 import torch
+from hf_models import (  # noqa: E402
+    FAMILIES,
+    GAP,
+    N_ITEMS,
+    SIZES,
+    build_and_import,
+    build_hf,
+    import_args,
+    item_codes,
+    transformers_or_skip,
+    write_index,
+)
 
-if not torch.cuda.is_available():  # transformers' model classes import triton: the kernels' tests need
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # the interpreter chosen before that first import
-
-tf = pytest.importorskip("transformers", reason="the peers extra builds the reference checkpoints")
+tf = transformers_or_skip()  # before the imports below: the Triton interpreter is chosen first
 
 from test_hf_beam import assert_same_top_k  # noqa: E402
 
 from genrec.platform.cli import main  # noqa: E402
-from genrec.studies.common.random_hf import lcrec_token_strings, save_tokenizer, word_tokenizer  # noqa: E402
-from genrec.workloads.decoding.base import decoder_class, decoder_names, get_decoder, make_params  # noqa: E402
-from genrec.workloads.errors import UserInputError  # noqa: E402
+from genrec.studies.common.random_hf import save_tokenizer, word_tokenizer  # noqa: E402
+from genrec.workloads.decoding.base import get_decoder, make_params  # noqa: E402
 from genrec.workloads.evaluation import load_imported_context  # noqa: E402
 
-SIZES = (12, 6, 5)
-GAP = (0, 4)  # (level, code) without a token: LC-Rec adds only the codes some item uses
-N_ITEMS, USERS = 120, 100
-PAD_ID = 3  # "<pad>" in random_hf.WORDS
-TEMPLATE = {"text": "the user bought {history} .", "response_prefix": " next item :"}
-BASE = dict(
-    hidden_size=32,
-    intermediate_size=48,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=256,
-    rms_norm_eps=1e-5,
-    bos_token_id=1,
-    eos_token_id=2,
-    pad_token_id=PAD_ID,
-)
-FAMILIES = {  # class names, looked up when a checkpoint is built (not at collection: see TRITON_INTERPRET)
-    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=16, tie_word_embeddings=True)),
-    "llama": ("LlamaConfig", "LlamaForCausalLM", dict(attention_bias=True, tie_word_embeddings=False)),
-}
-
-
-def sid_token_strings() -> list[str]:
-    gap = "<{}_{}>".format("abc"[GAP[0]], GAP[1])
-    return [t for t in lcrec_token_strings(SIZES) if t != gap]  # string order: <a_10> before <a_2>
-
-
-def item_codes(seed: int = 0) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    every = np.array([c for c in itertools.product(*map(range, SIZES)) if c[GAP[0]] != GAP[1]])
-    return every[rng.choice(len(every), size=N_ITEMS, replace=False)]
-
-
-def write_index(codes: np.ndarray, path) -> None:
-    """LC-Rec's index JSON: item id -> its SID token strings."""
-    index = {str(i): [f"<{'abc'[l]}_{c}>" for l, c in enumerate(row)] for i, row in enumerate(codes)}
-    path.write_text(json.dumps(index))
-
-
-def build_hf(family: str, folder, layers: int = 2, seed: int = 0, vocab: int | None = None, sid=None):
-    """A random HF checkpoint (weights far from uniform, so searches have real choices) + tokenizer."""
-    tok = word_tokenizer(sid_token_strings() if sid is None else sid)
-    save_tokenizer(tok, folder)
-    size = tok.get_vocab_size(with_added_tokens=True)
-    config_name, model_name, extra = FAMILIES[family]
-    config_cls, model_cls = getattr(tf, config_name), getattr(tf, model_name)
-    cfg = config_cls(**BASE, **extra, num_hidden_layers=layers, vocab_size=vocab or size + 2)
-    torch.manual_seed(seed)
-    model = model_cls(cfg).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.copy_(1.0 + 0.2 * torch.randn_like(p) if "norm" in name else 0.3 * torch.randn_like(p))
-    model.generation_config = tf.GenerationConfig(do_sample=True, temperature=0.3, top_k=2)  # ignored
-    model.save_pretrained(folder, **(dict(max_shard_size="40KB") if family == "llama" else {}))
-    return folder
+USERS = 100
 
 
 def run_cli(args: list[str], capsys) -> tuple[int, str]:
@@ -94,25 +47,12 @@ def run_cli(args: list[str], capsys) -> tuple[int, str]:
     return int(e.value.code or 0), capsys.readouterr().err
 
 
-def import_args(src, items, out, template=None) -> list[str]:
-    args = ["model", "import", "hf", "--path", str(src), "--items", str(items), "--out", str(out)]
-    return args + (["--prompt-template", str(template)] if template else [])
-
-
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     """Original HF folders, the items file, the template and the imported checkpoints."""
     root = tmp_path_factory.mktemp("byom")
-    codes = item_codes()
-    write_index(codes, root / "index.json")
-    (root / "template.json").write_text(json.dumps(TEMPLATE))
-    src = {f: build_hf(f, root / f"hf_{f}", seed=i) for i, f in enumerate(FAMILIES)}
-    src["draft"] = build_hf("qwen3", root / "hf_draft", layers=1, seed=7)
-    for name, folder in src.items():
-        with pytest.raises(SystemExit) as e:
-            main(import_args(folder, root / "index.json", root / f"ours_{name}", root / "template.json"))
-        assert e.value.code in (0, None)
-    return root, codes
+    build_and_import(root)
+    return root, item_codes()
 
 
 def popularity() -> np.ndarray:
@@ -222,48 +162,8 @@ def test_level_softmax_equals_exhaustive_search_over_renormalised_levels(world):
     assert not torch.allclose(default.scores, res.scores[:, :10]), "a different score, as documented"
 
 
-# --- every decoder on an imported model -------------------------------------------------------------
-RUNNABLE = [n for n in decoder_names() if n not in ("nezha", "mtp")]  # heads: trained per backbone
-
-
-def contract_values(name: str, constraint: str | None = None) -> dict:
-    fields = decoder_class(name).Params.__dataclass_fields__
-    values = {"k": 5}
-    if "beam_width" in fields:
-        values["beam_width"] = 8
-    if "draft_beams" in fields:
-        values["draft_beams"] = 8
-    if constraint:
-        values["constraint"] = constraint
-    return values
-
-
-@pytest.mark.parametrize("family", list(FAMILIES))
-@pytest.mark.parametrize("name", RUNNABLE)
-def test_every_decoder_honours_cold_start_and_the_contract(world, family, name):
-    drafted = "draft_model" in [n.key for n in decoder_class(name).needs]  # a Qwen3 draft for both
-    ctx, hist = context(world, family, draft=drafted), histories(6, seed=4)
-    res = decode(ctx, name, hist, **contract_values(name))
-    again = decode(ctx, name, hist, **contract_values(name))
-    assert torch.equal(res.codes, again.codes) and torch.equal(res.scores, again.scores), "deterministic"
-    missing = ~torch.isfinite(res.scores)
-    assert res.codes.shape == (len(hist), 5, len(SIZES))
-    assert bool((res.scores.masked_fill(missing, -1e30).diff(dim=1) <= 0).all()), "best first"
-    looked = torch.from_numpy(ctx.item_codes)[res.item_ids[res.valid]]
-    assert torch.equal(looked, res.codes[res.valid])
-    if "constraint" not in decoder_class(name).Params.__dataclass_fields__:
-        return
-    res = decode(ctx, name, hist, **contract_values(name, "cold_start"))
-    cold = set(np.flatnonzero(popularity() == 0).tolist())
-    missing = ~torch.isfinite(res.scores)
-    assert torch.equal(res.valid, ~missing), "invalid rate 0"
-    assert set(res.item_ids[res.valid].tolist()) <= cold
-
-
-@pytest.mark.parametrize("name", ["nezha", "mtp"])
-def test_head_decoders_refuse_an_imported_model_without_a_head(world, name):
-    with pytest.raises(UserInputError, match="needs"):
-        decode(context(world, "llama"), name, histories(2), **contract_values(name))
+# --- every decoder on an imported model: the decoder contract (test_decoder_contract.py) runs on both
+# families, the head decoders' refusal included
 
 
 # --- bad input: exit 2, one line, nothing written --------------------------------------------------

@@ -1,21 +1,27 @@
-"""The contract every registered decoder keeps, parametrised over the registry (not a hand list).
+"""The contract every registered decoder keeps, parametrised over the registry (not a hand list) and over
+the backbone: our tiny random model, and tiny random Qwen3- and Llama-family checkpoints imported with
+`genrec model import hf` (hf_models.py; LC-Rec SID tokens in string order, a code without a token).
 
-On a tiny random model built here (with the draft model / heads each decoder declares in `needs`):
-result shapes and order, missing-slot flags, `constraint=cold_start` honoured (every returned SID a
-cold-start item), Params that round-trip through the YAML / CLI / HTTP parsers with the same message for
-the same bad value, the same output for the same parameters (seeds included), and a decoder refusing a
-context that lacks something it declares with that need's one message."""
+On each backbone (with the draft model / heads each decoder declares in `needs`): result shapes and
+order, missing-slot flags, `constraint=cold_start` honoured (every returned SID a cold-start item), the
+same output for the same parameters (seeds included), and a decoder refusing a context that lacks
+something it declares with that need's one message (an imported checkpoint as imported has no NEZHA / MTP
+head: those decoders refuse it so; with a head on its frozen backbone, fed placeholder ids its vocabulary
+already has, they keep the whole contract). Params round-trip
+through the YAML / CLI / HTTP parsers with the same message for the same bad value."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, fields
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import yaml
+from hf_models import FAMILIES, build_and_import, item_codes, transformers_or_skip
 
 from genrec.platform.commands.model import decoder_runs
 from genrec.platform.experiment_loading import load_experiment
@@ -26,6 +32,7 @@ from genrec.workloads.decoding.base import DecoderContext, decoder_class, decode
 from genrec.workloads.decoding.draft import needs_draft
 from genrec.workloads.decoding.needs import DRAFT_MODEL, MTP_HEAD, NEZHA_HEAD, POPULARITY, Need
 from genrec.workloads.errors import UserInputError
+from genrec.workloads.models.checkpoint import load_checkpoint
 from genrec.workloads.models.nezha_head import HeadConfig, build_head
 from genrec.workloads.models.transformer import GRTransformer, ModelConfig
 from genrec.workloads.sid_codec import SIDCodec
@@ -45,38 +52,82 @@ def random_model(seed: int, dim: int = DIM) -> GRTransformer:
     return model.eval()
 
 
-def random_head(kind: str):
+def random_head(kind: str, bb: Backbone):
+    """A head for `bb`; on an imported backbone it names the placeholder ids (its pad id per level)."""
     torch.manual_seed(3)
-    head = build_head(HeadConfig(kind, DIM, CODEC.codebook_sizes)).eval()
+    sizes = bb.codec.codebook_sizes
+    sp = () if bb.imported is None else (bb.imported.pad_id,) * len(sizes)
+    head = build_head(HeadConfig(kind, bb.model().config.dim, sizes, placeholder_ids=sp)).eval()
     with torch.no_grad():
         for p in head.parameters():
             p.normal_(0, 0.7)
     return head
 
 
+@dataclass(frozen=True)
+class Backbone:
+    """One model the contract runs on, with the catalogue its codec can spell and its AtSpeed draft."""
+
+    kind: str  # "ours" or an HF family
+    model: Callable[[], GRTransformer]
+    codec: SIDCodec
+    items: np.ndarray  # [24, L] item codes
+    draft: Callable[[], GRTransformer]
+    imported: object = None  # ImportedInputs of an imported checkpoint; None for ours
+
+
+BACKBONES = ("ours", *FAMILIES)
+
+
+def ours() -> Backbone:
+    rng = np.random.default_rng(0)
+    items = CODEC.keys_to_codes(rng.choice(CODEC.num_sids, size=24, replace=False))
+    return Backbone("ours", lambda: random_model(0), CODEC, np.asarray(items), lambda: random_model(1, dim=8))
+
+
+def imported(folders: dict, family: str) -> Backbone:
+    from genrec.workloads.models.hf_checkpoint import imported_inputs
+
+    ckpt, draft = load_checkpoint(folders[family], "cpu"), load_checkpoint(folders["draft"], "cpu").model
+    items = item_codes(n=24)  # spelled by the SID table (no item at the gap code)
+    return Backbone(family, lambda: ckpt.model, ckpt.codec, items, lambda: draft, imported_inputs(ckpt))
+
+
+@pytest.fixture(scope="module")
+def imported_folders(tmp_path_factory):
+    transformers_or_skip()
+    return build_and_import(tmp_path_factory.mktemp("contract"), layers=1)
+
+
+@pytest.fixture(scope="module", params=BACKBONES)
+def backbone(request) -> Backbone:
+    """Each backbone built once per module (the imported ones share one build of their folders)."""
+    if request.param == "ours":
+        return ours()
+    return imported(request.getfixturevalue("imported_folders"), request.param)
+
+
 # how the test supplies each need a decoder may declare: a new kind of need must be added here
 SUPPLY = {
-    DRAFT_MODEL: {"draft_model": lambda: random_model(1, dim=8)},
-    NEZHA_HEAD: {"draft_head": lambda: random_head("nezha")},
-    MTP_HEAD: {"draft_head": lambda: random_head("mtp")},
+    DRAFT_MODEL: {"draft_model": lambda bb: bb.draft()},
+    NEZHA_HEAD: {"draft_head": lambda bb: random_head("nezha", bb)},
+    MTP_HEAD: {"draft_head": lambda bb: random_head("mtp", bb)},
     POPULARITY: {},  # every context here has popularity (cold_start reads it); see make_ctx
 }
 
 
-def make_ctx(needs: tuple[Need, ...], without: Need | None = None) -> DecoderContext:
-    """A context with every need in `needs` but `without`."""
-    rng = np.random.default_rng(0)
-    items = CODEC.keys_to_codes(rng.choice(CODEC.num_sids, size=24, replace=False))
-    popularity = np.ones(len(items), dtype=np.int64)
+def make_ctx(bb: Backbone, needs: tuple[Need, ...], without: Need | None = None) -> DecoderContext:
+    """A context on backbone `bb` with every need in `needs` but `without`."""
+    popularity = np.ones(len(bb.items), dtype=np.int64)
     popularity[list(COLD)] = 0
     extra = {}
     for need in needs:
         assert need in SUPPLY, f"no way to supply need {need.key!r} here: add it to SUPPLY"
         if need is not without:
-            extra.update({field: make() for field, make in SUPPLY[need].items()})
+            extra.update({field: make(bb) for field, make in SUPPLY[need].items()})
     if without is POPULARITY:
         popularity = None
-    return DecoderContext(random_model(0), CODEC, np.asarray(items), HISTORY, popularity, **extra)
+    return DecoderContext(bb.model(), bb.codec, bb.items, HISTORY, popularity, imported=bb.imported, **extra)
 
 
 def has_field(name: str, field: str) -> bool:
@@ -92,8 +143,8 @@ def contract_params(name: str, constraint: str | None = None):
     return parse_decoder_params(name, values)
 
 
-def decode(name: str, params, ctx: DecoderContext | None = None):
-    ctx = ctx or make_ctx(decoder_class(name).needs)
+def decode(bb: Backbone, name: str, params, ctx: DecoderContext | None = None):
+    ctx = ctx or make_ctx(bb, decoder_class(name).needs)
     return decoder_class(name)().decode(ctx, HISTORIES, params)
 
 
@@ -110,8 +161,8 @@ NAMES = decoder_names()
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_result_shapes_order_and_missing_flags(name):
-    res = decode(name, contract_params(name))
+def test_result_shapes_order_and_missing_flags(backbone, name):
+    res = decode(backbone, name, contract_params(name))
     b, levels = len(HISTORIES), CODEC.levels
     assert res.codes.shape == (b, K, levels) and res.scores.shape == (b, K)
     assert res.item_ids.shape == (b, K) and res.valid.shape == (b, K) and res.valid.dtype == torch.bool
@@ -121,17 +172,17 @@ def test_result_shapes_order_and_missing_flags(name):
     assert bool((found[:, :-1] >= found[:, 1:]).all()), "best first, missing slots last"
     valid_items = res.item_ids[res.valid]
     assert bool((valid_items >= 0).all())
-    looked_up = torch.from_numpy(make_ctx(()).item_codes)[valid_items]
+    looked_up = torch.from_numpy(backbone.items)[valid_items]
     assert torch.equal(looked_up, res.codes[res.valid])
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_cold_start_constraint_is_honoured_or_refused(name):
+def test_cold_start_constraint_is_honoured_or_refused(backbone, name):
     if not has_field(name, "constraint"):
         with pytest.raises(UserInputError, match=f"decoder '{name}' has no parameter 'constraint'"):
             contract_params(name, "cold_start")
         return
-    res = decode(name, contract_params(name, "cold_start"))
+    res = decode(backbone, name, contract_params(name, "cold_start"))
     missing = check_missing_flags(res)
     assert torch.equal(res.valid, ~missing), "invalid rate 0: every returned SID is an item"
     assert set(res.item_ids[res.valid].tolist()) <= set(COLD)
@@ -139,25 +190,26 @@ def test_cold_start_constraint_is_honoured_or_refused(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_the_same_parameters_give_the_same_output(name):
+def test_the_same_parameters_give_the_same_output(backbone, name):
     params = contract_params(name)
-    a, b = decode(name, params), decode(name, params)
+    a, b = decode(backbone, name, params), decode(backbone, name, params)
     assert torch.equal(a.codes, b.codes) and torch.equal(a.scores, b.scores)
     assert torch.equal(a.item_ids, b.item_ids)
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_a_missing_need_fails_with_its_message(name):
+def test_a_missing_need_fails_with_its_message(backbone, name):
     needs = decoder_class(name).needs
     params = contract_params(name)
     for need in needs:
-        ctx = make_ctx(needs, without=need)
+        ctx = make_ctx(backbone, needs, without=need)
         with pytest.raises(UserInputError) as e:
-            decode(name, params, ctx)
+            decode(backbone, name, params, ctx)
         assert str(e.value) == need.message(name, ctx)
         assert f"{name}" in str(e.value) and "needs" in str(e.value)
     if not needs:  # nothing beyond the backbone: a bare context decodes
-        assert decode(name, params, make_ctx((), without=POPULARITY)).codes.shape[1] == K
+        bare = make_ctx(backbone, (), without=POPULARITY)
+        assert decode(backbone, name, params, bare).codes.shape[1] == K
 
 
 # ---- one parameter path: YAML, CLI and HTTP ----------------------------------------------------------

@@ -57,6 +57,22 @@ def train_command(
             "next_item; default) or per_example (one prompt per target)."
         ),
     ] = "packed",
+    init: Annotated[
+        str | None,
+        typer.Option(
+            help="Start from a Hugging Face model. nezha / mtp: an imported checkpoint (`genrec model "
+            "import hf`); only the head trains, on its frozen backbone. next_item: hf:DIR, a pretrained "
+            "causal LM folder; the data set's SID tokens are added (LC-Rec style) and it is fine-tuned."
+        ),
+    ] = None,
+    train_rows: Annotated[
+        str,
+        typer.Option(
+            "--train",
+            help="With --init hf:DIR: all (every weight) or new-rows (only the SID tokens' embedding "
+            "and LM-head rows).",
+        ),
+    ] = "all",
     target: Annotated[
         Path | None, typer.Option(help="AtSpeed drafts: the target checkpoint the draft aligns to.")
     ] = None,
@@ -121,6 +137,8 @@ def train_command(
         no_ca=no_ca,
         top1=top1,
         all_steps=all_steps,
+        init=init or "",
+        train_rows=train_rows,
     )
     result = train(data, out, cfg, progress=not quiet)
     typer.echo(

@@ -25,7 +25,7 @@ from genrec.workloads.decoding.needs import Need, require_needs
 from genrec.workloads.decoding.params import DecoderParams
 from genrec.workloads.decoding.prefix_keys import PrefixKeySets
 from genrec.workloads.errors import UserInputError
-from genrec.workloads.models.inputs import build_prompts, item_token_table, left_pad
+from genrec.workloads.models.inputs import build_prompts, item_token_table
 from genrec.workloads.models.nezha_head import DraftHead
 from genrec.workloads.models.transformer import GRTransformer
 from genrec.workloads.sid_codec import SIDCodec
@@ -105,10 +105,9 @@ class DecoderContext:
                 raise UserInputError(f"history {i}: unknown item ids {bad[:5]} (valid ids are 0..{n - 1})")
         if self.imported is None:  # our models: BOS + the history's SID tokens
             return build_prompts(histories, self.item_tokens, self.max_items, self.device)
-        if any(len(h) == 0 for h in histories):
-            raise ValueError("a history is empty; a prompt needs at least one item")
-        codes = [self.item_codes[np.asarray(h[-self.max_items :], dtype=np.int64)] for h in histories]
-        return left_pad(self.imported.encoder.encode_batch(codes), self.imported.pad_id, self.device)
+        from genrec.workloads.models.hf_checkpoint import imported_prompts
+
+        return imported_prompts(self.imported, self.item_codes, histories, self.max_items, self.device)
 
 
 @dataclass

@@ -184,7 +184,7 @@ def head_prompts(
     tokens, mask = timed_prompts(ctx, histories, timer)
     if ctx.draft_head.config.needs_placeholders:
         with timer.phase("system"):
-            sp = [ctx.codec.placeholder_token(l) for l in range(ctx.codec.levels)]
+            sp = ctx.draft_head.config.placeholders(ctx.codec)
             tokens, mask = append_placeholders(tokens, mask, sp)
     return tokens, mask
 

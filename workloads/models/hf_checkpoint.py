@@ -21,14 +21,17 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from genrec.workloads.errors import UserInputError
 from genrec.workloads.models.checkpoint import Checkpoint, save_checkpoint
 from genrec.workloads.models.hf_import import load_hf_model
+from genrec.workloads.models.inputs import left_pad
 from genrec.workloads.sid_codec import SIDCodec
 from genrec.workloads.sid_table import SIDTokenTable
 from genrec.workloads.tokenize.prompt_template import TEMPLATE_FILE, PromptEncoder, PromptTemplate
@@ -156,9 +159,15 @@ def import_hf_checkpoint(
 
 
 def write_checkpoint_folder(
-    out: Path, ckpt: Checkpoint, hf_path: Path, template: PromptTemplate, codes: np.ndarray
+    out: Path,
+    ckpt: Checkpoint,
+    hf_path: Path,
+    template: PromptTemplate,
+    codes: np.ndarray,
+    extra: Callable[[Path], object] | None = None,
 ) -> Path:
-    """Checkpoint + tokenizer + template + items in a temporary sibling, renamed into place at the end."""
+    """Checkpoint + tokenizer + template + items in a temporary sibling, renamed into place at the end;
+    `extra(folder)` adds files before the rename (an HF export of a fine-tuned model)."""
     from genrec.workloads.data.dataset import replace_dir
     from genrec.workloads.io import temp_sibling_dir
 
@@ -168,6 +177,8 @@ def write_checkpoint_folder(
         shutil.copyfile(hf_path / TOKENIZER_FILE, folder / TOKENIZER_FILE)
         template.save(folder)
         np.save(folder / ITEMS_FILE, np.ascontiguousarray(codes, dtype=np.int64), allow_pickle=False)
+        if extra is not None:
+            extra(folder)
         replace_dir(folder, out.resolve())
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -189,6 +200,21 @@ def imported_inputs(ckpt: Checkpoint) -> ImportedInputs:
     hf = ckpt.meta["hf"]
     backbone = {k: hf[k] for k in BACKBONE_KEYS}
     return ImportedInputs(encoder, int(raw["pad_id"]), raw.get("bos_id"), str(hf["path"]), backbone)
+
+
+def imported_prompts(
+    inputs: ImportedInputs,
+    item_codes: np.ndarray,
+    histories: list[list[int]],
+    max_items: int,
+    device: torch.device | str = "cpu",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded prompt tokens and mask [B, S]: the last `max_items` items of each history rendered by
+    the checkpoint's template and tokenizer (decoding and head training prompt alike)."""
+    if any(len(h) == 0 for h in histories):
+        raise ValueError("a history is empty; a prompt needs at least one item")
+    codes = [item_codes[np.asarray(h[-max_items:], dtype=np.int64)] for h in histories]
+    return left_pad(inputs.encoder.encode_batch(codes), inputs.pad_id, device)
 
 
 def imported_item_codes(ckpt: Checkpoint) -> np.ndarray:

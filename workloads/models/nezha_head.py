@@ -60,9 +60,17 @@ class HeadConfig:
     use_context: bool = True
     use_placeholder: bool = True
     transition: str = "rnn"
+    # the token ids fed as <SP_1>..<SP_L>: empty for our vocabulary (codec.placeholder_token); a head on
+    # an imported (frozen) backbone, whose vocabulary has no such tokens, names ids it already embeds
+    placeholder_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "codebook_sizes", tuple(int(t) for t in self.codebook_sizes))
+        object.__setattr__(self, "placeholder_ids", tuple(int(t) for t in self.placeholder_ids))
+        if self.placeholder_ids and len(self.placeholder_ids) != len(self.codebook_sizes):
+            raise ValueError(
+                f"placeholder_ids has {len(self.placeholder_ids)} ids for {len(self.codebook_sizes)} levels"
+            )
         if self.kind not in HEAD_KINDS:
             raise ValueError(f"head kind must be one of {HEAD_KINDS}, got {self.kind!r}")
         if self.transition not in TRANSITIONS:
@@ -82,19 +90,38 @@ class HeadConfig:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["codebook_sizes"] = list(self.codebook_sizes)
+        if self.placeholder_ids:
+            d["placeholder_ids"] = list(self.placeholder_ids)
+        else:  # configs written before the field existed stay byte-identical
+            del d["placeholder_ids"]
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> HeadConfig:
-        return cls(**{**d, "codebook_sizes": tuple(d["codebook_sizes"])})
+        ids = tuple(d.get("placeholder_ids", ()))
+        return cls(**{**d, "codebook_sizes": tuple(d["codebook_sizes"]), "placeholder_ids": ids})
+
+    def placeholders(self, codec) -> list[int]:
+        """The ids fed as <SP_1>..<SP_L>: this head's own, else the codec's reserved tokens."""
+        if self.placeholder_ids:
+            return list(self.placeholder_ids)
+        return [codec.placeholder_token(l) for l in range(codec.levels)]
 
     @classmethod
-    def for_variant(cls, kind: str, dim: int, codebook_sizes: tuple[int, ...], variant: str) -> HeadConfig:
+    def for_variant(
+        cls,
+        kind: str,
+        dim: int,
+        codebook_sizes: tuple[int, ...],
+        variant: str,
+        placeholder_ids: tuple[int, ...] = (),
+    ) -> HeadConfig:
         if variant not in HEAD_VARIANTS:
             raise ValueError(f"head variant must be one of {sorted(HEAD_VARIANTS)}, got {variant!r}")
         if kind != "nezha" and variant != "full":
             raise ValueError(f"head variant {variant!r} applies to the nezha head only")
-        return replace(cls(kind, dim, tuple(codebook_sizes)), **HEAD_VARIANTS[variant])
+        base = cls(kind, dim, tuple(codebook_sizes), placeholder_ids=tuple(placeholder_ids))
+        return replace(base, **HEAD_VARIANTS[variant])
 
 
 class NezhaHead(nn.Module):

@@ -106,7 +106,7 @@ def build_context_tree(
         nodes = start + p + np.arange(n - 1)  # slot of context 1.. (context 0 is the prompt's last token)
         tokens[r, start : start + p] = head
         tokens[r, nodes] = [
-            codec.level_offset(l - 1) + row.prefix[c, l - 1] for c, l in enumerate(row.length) if c
+            codec.level_token_ids(l - 1)[row.prefix[c, l - 1]] for c, l in enumerate(row.length) if c
         ]
         positions[r, start : start + p] = np.arange(p)
         positions[r, nodes] = p + row.length[1:] - 1

@@ -110,9 +110,10 @@ def context_valid_mask(tree: ContextTree, codec: SIDCodec, prefixes: PrefixKeySe
     out = torch.zeros(b, c, codec.vocab_size, dtype=torch.bool, device=tree.prefix.device)
     key = torch.zeros(b, c, dtype=torch.long, device=tree.prefix.device)  # key of the first l codes
     for level in range(levels):
-        lo, hi = codec.level_range(level)
+        ids = torch.as_tensor(codec.level_token_ids(level), device=out.device)
+        has = ids >= 0  # a code without a token (an imported table's gap) is never a valid child
         here = (tree.length == level)[..., None]
-        out[..., lo:hi] = here & prefixes.valid_children(level, key)
+        out[..., ids[has]] = (here & prefixes.valid_children(level, key))[..., has]
         key = key * codec.codebook_sizes[level] + tree.prefix[..., level]
     return out
 

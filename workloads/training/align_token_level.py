@@ -18,25 +18,25 @@ from genrec.workloads.sid_codec import SIDCodec
 
 
 def token_levels(tokens: Tensor, codec: SIDCodec) -> Tensor:
-    """The SID level (0-based) of each token id, -1 for tokens of no level (special tokens)."""
-    levels = torch.full_like(tokens, -1)
-    for level in range(codec.levels):
-        lo, hi = codec.level_range(level)
-        levels = torch.where((tokens >= lo) & (tokens < hi), level, levels)
-    return levels
+    """The SID level (0-based) of each token id, -1 for tokens of no level (special tokens); through the
+    codec's token table, so an imported vocabulary (levels not contiguous) works as ours does."""
+    inside = (tokens >= 0) & (tokens < codec.vocab_size)  # IGNORE and the like are no token at all
+    levels = codec.level_of_token(tokens.clamp(0, codec.vocab_size - 1)).to(tokens.dtype)
+    return torch.where(inside, levels, torch.full_like(levels, -1))
 
 
 def _level_pairs(draft_logits: Tensor, target_logits: Tensor, levels: Tensor, codec: SIDCodec):
     """Per level present: (draft, target) full-vocab log-softmax at that level's positions, restricted
-    to the level's code range (not renormalised: the scores beam search uses)."""
+    to the level's tokens (not renormalised: the scores beam search uses). The level's ids come from the
+    token table without its gaps (codes without a token have no probability to compare)."""
     if not bool((levels >= 0).all()):
         raise ValueError("every position must predict a SID code (levels >= 0)")
     for level in range(codec.levels):
         sel = levels == level
         if sel.any():
-            lo, hi = codec.level_range(level)
+            ids = torch.as_tensor(codec.level_allowed_ids(level), device=draft_logits.device)
             yield tuple(
-                torch.log_softmax(x[sel].float(), dim=-1)[:, lo:hi] for x in (draft_logits, target_logits)
+                torch.log_softmax(x[sel].float(), dim=-1)[:, ids] for x in (draft_logits, target_logits)
             )
 
 

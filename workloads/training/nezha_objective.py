@@ -21,6 +21,12 @@ initialisation (same seed), data and epoch budget.
 
 MTP uses the same examples without placeholders: L parallel heads on the last history state.
 
+On an imported checkpoint (`genrec train --objective nezha --init MODEL`, training/imported_init.py) the
+backbone is frozen and only the head is trained (`FrozenBackbone`): prompts are the checkpoint's own
+template, and the placeholders are ids its vocabulary already embeds (it has no <SP_l> tokens), stored
+in the head's config so decoding feeds the same ones. Its examples are per_example (the packed layout is
+our BOS + SID prompt).
+
 `history_blind_loss` is the validation loss of a predictor that ignores the history and only
 counts the training targets, in the head's own factorisation: p(c_l | c_<l) for a head whose levels
 condition on earlier codes (NEZHA), p(c_l) for heads whose levels are independent given the prompt
@@ -30,7 +36,8 @@ history. Training records it beside the per-level validation losses.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -50,6 +57,15 @@ from genrec.workloads.training.packed_head_batch import build_packed_head_batch
 from genrec.workloads.training.trainer import HEAD_BATCHING
 
 HEAD_OBJECTIVES = ("nezha", "mtp")
+
+
+@dataclass(frozen=True)
+class FrozenBackbone:
+    """A head trained on a frozen imported backbone: its prompts (histories -> left-padded tokens and
+    mask on the device) and the ids fed as placeholders."""
+
+    prompts: Callable[[list[list[int]]], tuple[torch.Tensor, torch.Tensor]]
+    placeholder_ids: tuple[int, ...]
 
 
 def _radix_keys(codes: np.ndarray, sizes: Sequence[int]) -> np.ndarray:
@@ -118,11 +134,16 @@ class HeadObjective:
         device: torch.device,
         autocast: bool,
         batching: str = "packed",
+        frozen: FrozenBackbone | None = None,
     ) -> None:
         if batching not in HEAD_BATCHING:
             raise ValueError(f"head batching must be one of {HEAD_BATCHING}, got {batching!r}")
-        self.config = HeadConfig.for_variant(kind, model.config.dim, codec.codebook_sizes, variant)
+        if frozen is not None and batching != "per_example":
+            raise ValueError("a head on a frozen imported backbone trains per_example (its own prompts)")
+        sp = frozen.placeholder_ids if frozen is not None else ()
+        self.config = HeadConfig.for_variant(kind, model.config.dim, codec.codebook_sizes, variant, sp)
         self.head = build_head(self.config).to(device)
+        self.frozen = frozen
         self.model, self.codec, self.device, self.autocast = model, codec, device, autocast
         self.item_tokens, self.max_items, self.batching = item_tokens, max_items, batching
         self.item_codes = torch.as_tensor(np.asarray(item_codes, dtype=np.int64))
@@ -131,9 +152,13 @@ class HeadObjective:
         self.examples = [] if packed else head_examples(sequences, max_items)
         self.windows = training_windows(sequences, max_items) if packed else []
         self.val_examples = [(list(w[:-1]), int(w[-1])) for w in val_windows]
-        # one module holding both, so the trainer's optimiser and clipping see every parameter
+        # one module holding both, so the trainer's optimiser and clipping see every parameter; a frozen
+        # backbone stays out of it (no gradient, no optimiser state, eval mode throughout)
         self.trainable = nn.ModuleDict({"model": model, "head": self.head})
-        self.placeholders = [codec.placeholder_token(l) for l in range(codec.levels)]
+        if frozen is not None:
+            model.requires_grad_(False).eval()
+            self.trainable = nn.ModuleDict({"head": self.head})
+        self.placeholders = self.config.placeholders(codec)
 
     def lengths(self) -> list[int]:
         """One entry per training unit (a window when packed, an example otherwise), for batching."""
@@ -142,10 +167,14 @@ class HeadObjective:
         return [len(h) for h, _ in self.examples]
 
     def states(self, histories: list[list[int]]) -> torch.Tensor:
-        tokens, mask = build_prompts(histories, self.item_tokens, self.max_items, self.device)
+        if self.frozen is not None:
+            tokens, mask = self.frozen.prompts(histories)
+        else:
+            tokens, mask = build_prompts(histories, self.item_tokens, self.max_items, self.device)
         if self.config.needs_placeholders:
             tokens, mask = append_placeholders(tokens, mask, self.placeholders)
-        with torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
+        autocast = torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=self.autocast)
+        with autocast, torch.set_grad_enabled(torch.is_grad_enabled() and self.frozen is None):
             hidden = self.model.hidden_states(tokens, mask)
         return head_states(hidden, self.config).float()
 

@@ -5,6 +5,8 @@ instead (training/nezha_objective.py); the loop, schedule, early stopping and ch
 The AtSpeed draft objectives (`wordkd`, `seqkd`, `tvdkd`, `atspeed_s`, `atspeed_r`; training/align.py)
 train a draft model on the same windows and steps with alpha * L_align + (1 - alpha) * L_rec; their
 validation loss is the next-item one, and the checkpoint's config names the target it was aligned to.
+`init` starts from a Hugging Face model instead of random weights (training/imported_init.py): a head
+on an imported checkpoint's frozen backbone, or next-item fine-tuning of a pretrained LM (hf:DIR).
 
 AdamW with linear warm-up then cosine decay, gradient clipping, validation loss after every
 epoch, early stopping on it, and the best checkpoint kept (written atomically). The loss is on
@@ -85,6 +87,11 @@ class TrainConfig:
     no_ca: bool = False  # w/o CA: align over the whole vocabulary (eq. 3)
     top1: bool = False  # w/o top-K: the teacher's top-1 SID only
     all_steps: bool = False  # w/ AD: the target's beam after every level too (Table 5; align_sequences.py)
+    # an imported checkpoint folder (`genrec model import hf`): nezha / mtp train only a head on its
+    # frozen backbone; "hf:DIR": next_item fine-tunes a pretrained LM given the data set's SID tokens,
+    # all weights or (`train_rows="new-rows"`) the SID rows only (training/imported_init.py)
+    init: str = ""
+    train_rows: str = "all"
 
     def validate(self) -> None:
         problems = []
@@ -110,6 +117,10 @@ class TrainConfig:
         if self.head_batching not in HEAD_BATCHING:
             problems.append(f"head_batching must be one of {list(HEAD_BATCHING)}, got {self.head_batching!r}")
         problems += self.alignment_problems()
+        if self.init or self.train_rows != "all":
+            from genrec.workloads.training.imported_init import init_problems
+
+            problems += init_problems(self.init, self.objective, self.train_rows)
         if self.device == "cuda" and not torch.cuda.is_available():
             problems.append("device cuda asked for, but no CUDA device is available; use --device cpu")
         if problems:
@@ -238,6 +249,7 @@ class _TrainData:
     seqs: list[list[int]]  # each user's train items
     windows: list[tuple[list[int], int]]  # (window, num_targets)
     val_windows: list[list[int]]
+    init: Any = None  # training/imported_init.InitModel: the imported checkpoint a head trains on
 
 
 @dataclass
@@ -268,8 +280,23 @@ def train(
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     device = resolve_device(cfg.device)
+    init = None
+    if cfg.init:  # an imported checkpoint, or an HF folder given the data set's SID tokens first
+        from genrec.workloads.training.imported_init import finish, start
+
+        cfg, init = start(cfg, data_dir, out_dir, device)
+    try:
+        return _train(data_dir, out_dir, cfg, progress, device, init)
+    finally:
+        if init is not None:
+            finish(init)
+
+
+def _train(
+    data_dir, out_dir, cfg: TrainConfig, progress: bool, device: torch.device, init: Any
+) -> TrainResult:
     autocast = device.type == "cuda"
-    data = _training_data(data_dir, cfg)
+    data = _training_data(data_dir, cfg, init)
     loop, meta = _setup_loop(data_dir, data, cfg, device, autocast)
     best = (float("inf"), -1)
     history: list[dict] = []
@@ -311,16 +338,18 @@ def train(
     return TrainResult(Path(out_dir), best[0], best[1], epoch, step, seconds, history)
 
 
-def _training_data(data_dir: str | os.PathLike, cfg: TrainConfig) -> _TrainData:
+def _training_data(data_dir: str | os.PathLike, cfg: TrainConfig, init: Any = None) -> _TrainData:
     ds = load_dataset(data_dir)
     codec = ds.codec
+    if init is not None:  # the imported checkpoint's SID table spells the items (checked here)
+        codec = init.codec_for(ds, data_dir)
     item_tokens = item_token_table(codec, ds.item_codes())
     seqs = list(ds.user_sequences(("train",)).values())
     windows = training_windows(seqs, cfg.max_items)
     if not windows:
         raise UserInputError(f"{data_dir}: no user has two or more train interactions; nothing to learn from")
     val_windows = validation_windows(ds, cfg.max_items, cfg.max_val_examples, cfg.seed)
-    return _TrainData(ds, codec, item_tokens, seqs, windows, val_windows)
+    return _TrainData(ds, codec, item_tokens, seqs, windows, val_windows, init)
 
 
 def _setup_loop(
@@ -329,11 +358,14 @@ def _setup_loop(
     """The model, its objective, optimiser, schedule and batch rng (built in this order: the seeded
     RNGs are drawn from in it), and the checkpoint's meta."""
     codec = data.codec
-    model_cfg = model_config_for(
-        cfg.model_size, codec.vocab_size, max_prompt_len(codec.levels, cfg.max_items + 1)
-    )
-    model = GRTransformer(model_cfg).to(device)
-    model.train()
+    if data.init is not None:  # the imported backbone (a head objective freezes it)
+        model = data.init.ckpt.model
+    else:
+        model_cfg = model_config_for(
+            cfg.model_size, codec.vocab_size, max_prompt_len(codec.levels, cfg.max_items + 1)
+        )
+        model = GRTransformer(model_cfg).to(device)
+        model.train()
     objective, align, align_meta = _build_objective(cfg, model, data, device, autocast)
     trainable = model if objective is None else objective.trainable
     opt = make_optimizer(trainable, cfg)
@@ -364,6 +396,10 @@ def _build_objective(
         align, align_meta = prepare_alignment(
             cfg, model, data.ds, data.item_tokens, data.windows, device, autocast
         )
+    elif data.init is not None:
+        from genrec.workloads.training.imported_init import init_objective
+
+        objective = init_objective(cfg, data, device, autocast)
     elif cfg.objective != "next_item":
         from genrec.workloads.training.nezha_objective import HeadObjective
 
@@ -391,7 +427,9 @@ def _checkpoint_meta(
     trainable: torch.nn.Module,
     align_meta: dict,
 ) -> dict:
+    init = data.init.meta(data_dir, len(data.item_tokens)) if data.init is not None else {}
     return {
+        **init,
         "dataset": str(Path(data_dir).resolve()),
         "dataset_name": data.ds.manifest.name,
         "model_size": cfg.model_size,
@@ -454,4 +492,7 @@ def _end_of_epoch(loop: _Loop, epoch: int, running: float, count: int) -> tuple[
 
 def _save_best(out_dir: str | os.PathLike, loop: _Loop, meta: dict) -> None:
     head = loop.objective.head if loop.objective is not None else None
+    if loop.data.init is not None:  # again an imported checkpoint: tokenizer, template, items beside it
+        loop.data.init.save(out_dir, head, loop.cfg.max_items, meta, loop.data.ds.item_codes())
+        return
     save_checkpoint(out_dir, Checkpoint(loop.model, loop.data.codec, loop.cfg.max_items, meta, head=head))
