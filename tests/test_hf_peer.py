@@ -7,7 +7,8 @@ import torch
 pytest.importorskip("transformers")
 
 from genrec.workloads.decoding.base import DecoderContext, get_decoder, make_params  # noqa: E402
-from genrec.workloads.models.hf_bridge import SIDLevelLogitsProcessor, hf_beam_search, to_hf_llama  # noqa: E402
+from genrec.workloads.decoding.hf_beam import SIDLevelMask, generate_sid_beams  # noqa: E402
+from genrec.workloads.models.hf_bridge import to_hf_llama  # noqa: E402
 from genrec.workloads.models.model_config import ModelConfig
 from genrec.workloads.models.transformer import GRTransformer  # noqa: E402
 from genrec.workloads.sid_codec import SIDCodec  # noqa: E402
@@ -53,7 +54,7 @@ def test_hf_llama_logits_equal_ours_on_left_padded_batches(attn):
 
 def test_processor_keeps_only_the_level_of_each_step():
     codec = SIDCodec((3, 4))
-    proc = SIDLevelLogitsProcessor(codec, prompt_len=5)
+    proc = SIDLevelMask(codec, prompt_len=5)
     scores = torch.zeros(2, codec.vocab_size)
     for step in range(codec.levels):
         out = proc(torch.zeros(2, 5 + step, dtype=torch.long), scores)
@@ -94,7 +95,7 @@ def test_hf_beam_search_matches_ours(sizes, width, k):
     tokens, mask = ctx.prompts(hist)
     beam = get_decoder("beam")
     res = beam.decode(ctx, hist, make_params(beam, {"beam_width": width, "k": k}))
-    codes, scores = hf_beam_search(to_hf_llama(ctx.model), ctx.codec, tokens, mask, width, k)
+    codes, scores = generate_sid_beams(to_hf_llama(ctx.model), ctx.codec, tokens, mask, width, k)
     assert codes.shape == res.codes.shape and scores.shape == res.scores.shape
     assert_same_top_k(codes, scores, res.codes, res.scores)
     assert int((res.scores > REAL).sum()) == 4 * min(k, int(np.prod(sizes)))

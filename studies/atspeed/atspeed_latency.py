@@ -105,13 +105,14 @@ def decoder_runner(ctx: DecoderContext, decoder: str, params: dict) -> Runner:
 def hf_beam_runner(ctx: DecoderContext, k: int) -> Runner:
     """HF generate beam search at beam k on a LlamaForCausalLM copy of the target: prompts built and
     items looked up as ours does, so both arms time the same work."""
-    from genrec.workloads.models.hf_bridge import hf_beam_search, to_hf_llama
+    from genrec.workloads.decoding.hf_beam import generate_sid_beams
+    from genrec.workloads.models.hf_bridge import to_hf_llama
 
     hf = to_hf_llama(ctx.model)
 
     def run(hist: list[list[int]]) -> DecodeResult:
         tokens, mask = ctx.prompts(hist)
-        codes, scores = hf_beam_search(hf, ctx.codec, tokens, mask, k, k)
+        codes, scores = generate_sid_beams(hf, ctx.codec, tokens, mask, k, k)
         done = finish_beams(ctx, codes, scores, k)
         return DecodeResult(done.codes, done.scores, done.item_ids, done.valid)
 

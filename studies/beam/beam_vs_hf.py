@@ -36,10 +36,11 @@ import torch
 from genrec.studies.common.options import REQUIRED, add_shared_options
 from genrec.workloads.data.dataset import Dataset
 from genrec.workloads.decoding.base import DecoderContext, DecodeResult, get_decoder, make_params
+from genrec.workloads.decoding.hf_beam import REAL_SCORE, generate_sid_beams
 from genrec.workloads.errors import UserInputError, run_main
 from genrec.workloads.evaluation import load_context
 from genrec.workloads.models.checkpoint import Checkpoint
-from genrec.workloads.models.hf_bridge import DEFAULT_ATTN, REAL_SCORE, hf_beam_search, to_hf_llama
+from genrec.workloads.models.hf_bridge import DEFAULT_ATTN, to_hf_llama
 from genrec.workloads.results import current_environment
 
 
@@ -114,7 +115,7 @@ def user_agrees(
 def hf_top_k(hf, ctx: DecoderContext, hist: list[list[int]], width: int, k: int):
     """HF beam search from histories to top-K SIDs and scores (prompt building included)."""
     tokens, mask = ctx.prompts(hist)
-    return hf_beam_search(hf, ctx.codec, tokens, mask, width, k)
+    return generate_sid_beams(hf, ctx.codec, tokens, mask, width, k)
 
 
 def timed_ms(device: torch.device, fn, *args):

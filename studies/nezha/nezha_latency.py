@@ -32,12 +32,13 @@ import torch
 from genrec.studies.common.options import add_shared_options
 from genrec.workloads.decoding import mtp as _mtp  # noqa: F401  (registers nezha and mtp)
 from genrec.workloads.decoding.base import DecoderContext, DecodeResult, get_decoder, make_params
+from genrec.workloads.decoding.hf_beam import REAL_SCORE, generate_sid_beams
 from genrec.workloads.decoding.nezha import PythonSetVerifier
 from genrec.workloads.errors import UserInputError, run_main
 from genrec.workloads.evaluation import load_context
 from genrec.workloads.io import atomic_write_text
 from genrec.workloads.metrics import ranking_metrics
-from genrec.workloads.models.hf_bridge import REAL_SCORE, hf_beam_search, to_hf_llama
+from genrec.workloads.models.hf_bridge import to_hf_llama
 from genrec.workloads.results import command_line, current_environment
 
 
@@ -82,7 +83,7 @@ class HFBeamSearch:
 
     def decode(self, ctx: DecoderContext, histories: list[list[int]], params) -> DecodeResult:
         tokens, mask = ctx.prompts(histories)
-        codes, scores = hf_beam_search(self.hf, ctx.codec, tokens, mask, params.beam_width, params.k)
+        codes, scores = generate_sid_beams(self.hf, ctx.codec, tokens, mask, params.beam_width, params.k)
         item_ids, valid = ctx.index.lookup(codes)
         return DecodeResult(codes, scores, item_ids, valid & (scores > REAL_SCORE))
 

@@ -49,7 +49,7 @@ import torch
 from genrec.workloads.decoding.base import DecoderContext, DecodeResult, PhaseTimer, RegisteredDecoder
 from genrec.workloads.decoding.params import BeamWidthParams
 from genrec.workloads.errors import UserInputError
-from genrec.workloads.models.hf_bridge import REAL_SCORE, to_hf_llama
+from genrec.workloads.models.hf_bridge import to_hf_llama
 from genrec.workloads.models.transformer import GRTransformer
 from genrec.workloads.sid_codec import BOS, PAD, SIDCodec
 
@@ -152,6 +152,10 @@ def only_this_generation_config(hf_model: PreTrainedModel, config: GenerationCon
             yield
         finally:
             hf_model.generation_config = saved
+
+
+# beams HF pads with copies scored near -1e9 (it starts all beams but the first there); ours are -inf
+REAL_SCORE = -1e8
 
 
 # --- allowed tokens per level ---------------------------------------------------------------------------

@@ -5,11 +5,8 @@ The weights share the Llama layout, so the bridge only renames the top-level key
 the equivalent `LlamaConfig` (for our own models: no biases, untied head, MHA, default RoPE with the
 same theta; imported Llama-layout models keep their GQA, biases, tie and llama3 rope).
 
-Semantic-ID beam search in HF is `generate(num_beams=W)` with `SIDLevelLogitsProcessor`, which
-keeps only the tokens of SID level s at generation step s. HF beam search applies logits
-processors to the *log-softmax* of the logits (`_beam_search`, read in transformers 5.23), so the
-scores are the full-vocabulary log-probabilities restricted to a level: the same scores as our
-`beam` decoder. With `length_penalty=0.0` HF's `sequences_scores` are the plain sums.
+Semantic-ID beam search with HF generate on the exported copy is `decoding/hf_beam.py`
+(`generate_sid_beams`: every generation flag set explicitly, only level s's tokens at step s).
 
 transformers is an optional dependency (the `peers` extra) and is imported only when used.
 """
@@ -22,7 +19,7 @@ import torch
 
 from genrec.workloads.errors import UserInputError
 from genrec.workloads.models.transformer import GRTransformer, ModelConfig
-from genrec.workloads.sid_codec import BOS, PAD, SIDCodec
+from genrec.workloads.sid_codec import BOS, PAD
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from transformers import LlamaForCausalLM
@@ -105,90 +102,3 @@ def to_hf_llama(model: GRTransformer, attn_implementation: str = DEFAULT_ATTN) -
     hf.generation_config.bos_token_id = BOS
     hf.generation_config.eos_token_id = None
     return hf.eval()
-
-
-class SIDLevelLogitsProcessor:
-    """A HF logits processor keeping only SID level s's tokens at generation step s (others -inf).
-
-    Step s is `input_ids.shape[1] - prompt_len` (prompt_len = the padded batch width). HF calls
-    processors through `LogitsProcessorList`, which only needs `__call__(input_ids, scores)`, so
-    this is a plain class and needs no transformers import. It works on logits (greedy) and on
-    log-probabilities (beam search) alike.
-    """
-
-    def __init__(self, codec: SIDCodec, prompt_len: int) -> None:
-        self.codec, self.prompt_len = codec, prompt_len
-        self._keep: dict[tuple[int, int, torch.device], torch.Tensor] = {}
-
-    def _mask(self, step: int, vocab: int, device: torch.device) -> torch.Tensor:
-        key = (step, vocab, device)
-        if key not in self._keep:
-            keep = torch.zeros(vocab, dtype=torch.bool, device=device)
-            # the level's token ids: one range for our layout, any set for an imported table (no gaps)
-            keep[torch.as_tensor(self.codec.level_allowed_ids(step), device=device)] = True
-            self._keep[key] = keep
-        return self._keep[key]
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        step = input_ids.shape[1] - self.prompt_len
-        if not 0 <= step < self.codec.levels:
-            raise ValueError(f"generation step {step} outside the {self.codec.levels} SID levels")
-        return scores.masked_fill(~self._mask(step, scores.shape[-1], scores.device), float("-inf"))
-
-
-# beams HF pads with copies scored near -1e9 (it starts all beams but the first there); ours are -inf
-REAL_SCORE = -1e8
-
-
-@torch.no_grad()
-def hf_beam_search(
-    hf_model: LlamaForCausalLM,
-    codec: SIDCodec,
-    tokens: torch.Tensor,
-    mask: torch.Tensor,
-    beam_width: int,
-    k: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """HF `generate` beam search over SIDs: (codes [B, K, L], scores [B, K]) best first.
-
-    Scores are summed log-probabilities (length_penalty=0). When level 1 has fewer than
-    `beam_width` codes, HF fills the spare beams with copies scored near -1e9 (it starts every
-    beam but the first at -1e9), where our decoder uses -inf.
-    """
-    tf = _transformers()
-    if not 1 <= k <= beam_width:
-        raise UserInputError(f"k must be between 1 and beam_width ({beam_width}), got {k}")
-    b, prompt_len = tokens.shape
-    levels = codec.levels
-    # beam-only flags: HF warns about them when num_beams == 1 (greedy search)
-    beam_flags = dict(length_penalty=0.0, early_stopping=True) if beam_width > 1 else {}
-    gen_cfg = tf.GenerationConfig(
-        num_beams=beam_width,
-        num_return_sequences=k,
-        max_new_tokens=levels,
-        min_new_tokens=levels,  # inert without an eos token; states the fixed length
-        do_sample=False,
-        **beam_flags,  # length_penalty 0: sequences_scores are plain sums of log-probabilities
-        pad_token_id=PAD,
-        bos_token_id=BOS,
-        eos_token_id=None,
-        use_cache=True,
-        return_dict_in_generate=True,
-        output_scores=beam_width > 1,
-        output_logits=beam_width == 1,
-    )
-    out = hf_model.generate(
-        input_ids=tokens,
-        attention_mask=mask.long(),
-        generation_config=gen_cfg,
-        logits_processor=tf.LogitsProcessorList([SIDLevelLogitsProcessor(codec, prompt_len)]),
-    )
-    new = out.sequences[:, prompt_len:]
-    if new.shape[1] != levels:
-        raise RuntimeError(f"HF generated {new.shape[1]} tokens, expected {levels}")
-    codes = codec.tokens_to_codes(new).view(b, k, levels)
-    if beam_width == 1:  # HF runs greedy search: no sequences_scores, and `scores` are processed logits
-        logp = torch.stack([torch.log_softmax(x.float(), dim=-1) for x in out.logits], dim=1)  # [B, L, V]
-        scores = logp.gather(-1, new[..., None]).squeeze(-1).sum(-1)
-        return codes, scores.view(b, k)
-    return codes, out.sequences_scores.view(b, k).float()
