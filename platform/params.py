@@ -177,14 +177,15 @@ def parse_params(ptype: type, values: Mapping[str, Any], owner: str, base: Any =
         raise
     except UserInputError as e:
         raise ParamError(str(e), getattr(e, "param", None)) from None
-    check_used(params, values)
     return params
 
 
 def parse_decoder_params(decoder: str, values: Mapping[str, Any], base: Any = None) -> Any:
     """`values` (over `base`: a Params object or a mapping of trusted defaults) -> the decoder's frozen,
     validated Params. Raises ParamError / UserInputError with the same text for every entry point."""
-    return parse_params(params_type(decoder), values, f"decoder {decoder!r}", base)
+    params = parse_params(params_type(decoder), values, f"decoder {decoder!r}", base)
+    check_used(params, values)  # a decoder's rule / backend settings; a benchmark's names mean other things
+    return params
 
 
 def parse_benchmark_params(benchmark: str, values: Mapping[str, Any]) -> Any:

@@ -81,7 +81,8 @@ def test_a_draft_whose_window_is_shorter_than_the_prompts_is_refused(tiny_model_
     from genrec.workloads.evaluation import load_context
 
     short = make_draft(tmp_path / "short", tiny_model_dir, max_seq_len=16)
-    with pytest.raises(UserInputError, match="train the draft with --max-items"):
+    # refused when the draft checkpoint loads (its own config is checked before any weights)
+    with pytest.raises(UserInputError, match="beyond the model.s max_seq_len 16"):
         load_context(tiny_model_dir, synth_dir, "cpu", draft_dir=short)
 
 
