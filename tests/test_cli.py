@@ -275,7 +275,7 @@ TRIAL_NICENESS = """
 import os, sys
 import ray
 from genrec.platform import sweep
-from genrec.platform.experiment import load_experiment
+from genrec.platform.experiment_loading import load_experiment
 
 cfg = load_experiment(sys.argv[1])
 sweep.init_ray(cfg, "local")
