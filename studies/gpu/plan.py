@@ -308,77 +308,75 @@ def plan(cfg: CheckConfig) -> list[Step]:
     ]
 
 
+# every GPU target of the check, most important first (the summary's order)
+TARGETS = (
+    Target("compiled kernels equal their torch references (pytest, all pass)", "kernels", kernels_ok, 1.0),
+    Target("xGR attention: SDPA copied / Triton at BW 512 >= 3x", "xgr_attention", attention_ratio(512), 3.0),
+    Target("xGR attention: SDPA copied / Triton at BW 16 >= 1x", "xgr_attention", attention_ratio(16), 1.0),
+    Target(
+        "xGR decode peak memory: hf_beam / xgr at BW 512 >= 4x",
+        "xgr_peak_memory",
+        peak_ratio(512),
+        4.0,
+        cuda_only=True,
+    ),
+    Target("xGR selection: flat top-k / early top-BW at BW 512 >= 2x", "xgr_select", select_ratio, 2.0),
+    Target(
+        "serving BW 128: best xgr / best hf_beam items/s at P99 <= 200 ms >= 3x",
+        "serving",
+        serving_ratio("xgr", "hf_beam"),
+        3.0,
+    ),
+    Target(
+        "serving BW 128: xgr slo / xgr fixed >= 1.3x",
+        "serving",
+        serving_ratio("xgr/slo", "xgr/fixed"),
+        1.3,
+    ),
+    Target(
+        "AtSpeed strict WS@10 vs beam, batch 1 >= 1.5x",
+        "atspeed",
+        atspeed_ws("ws"),
+        1.5,
+        raw="atspeed_b1",
+    ),
+    Target(
+        "AtSpeed strict WS@10 vs HF generate, batch 1 >= 2x",
+        "atspeed",
+        atspeed_ws("ws_vs_hf"),
+        2.0,
+        raw="atspeed_b1",
+    ),
+    Target(
+        "AtSpeed strict WS@10 vs beam, batch 32 >= 1.5x",
+        "atspeed",
+        atspeed_ws("ws"),
+        1.5,
+        raw="atspeed_b32",
+    ),
+    Target(
+        "AtSpeed strict WS@10 vs HF generate, batch 32 >= 2x",
+        "atspeed",
+        atspeed_ws("ws_vs_hf"),
+        2.0,
+        raw="atspeed_b32",
+    ),
+    Target("STATIC: CPU trie overhead / STATIC torch at |C| = 1e6 >= 20x", "static", trie_overhead, 20.0),
+    Target("STATIC: CSR level-select kernel exact vs torch", "static", level_select_exact, 1.0),
+    Target(
+        "STATIC: CSR level-select kernel, torch / Triton (slowest level) >= 1x",
+        "static",
+        level_select_speedup,
+        1.0,
+    ),
+    Target(
+        "imported Qwen3-0.6B-shaped bf16: xgr / hf_beam users/s at the widest BW >= 1x",
+        "imported_qwen3",
+        imported_ratio,
+        1.0,
+    ),
+)
+
+
 def targets() -> list[Target]:
-    return [
-        Target(
-            "compiled kernels equal their torch references (pytest, all pass)", "kernels", kernels_ok, 1.0
-        ),
-        Target(
-            "xGR attention: SDPA copied / Triton at BW 512 >= 3x", "xgr_attention", attention_ratio(512), 3.0
-        ),
-        Target(
-            "xGR attention: SDPA copied / Triton at BW 16 >= 1x", "xgr_attention", attention_ratio(16), 1.0
-        ),
-        Target(
-            "xGR decode peak memory: hf_beam / xgr at BW 512 >= 4x",
-            "xgr_peak_memory",
-            peak_ratio(512),
-            4.0,
-            cuda_only=True,
-        ),
-        Target("xGR selection: flat top-k / early top-BW at BW 512 >= 2x", "xgr_select", select_ratio, 2.0),
-        Target(
-            "serving BW 128: best xgr / best hf_beam items/s at P99 <= 200 ms >= 3x",
-            "serving",
-            serving_ratio("xgr", "hf_beam"),
-            3.0,
-        ),
-        Target(
-            "serving BW 128: xgr slo / xgr fixed >= 1.3x",
-            "serving",
-            serving_ratio("xgr/slo", "xgr/fixed"),
-            1.3,
-        ),
-        Target(
-            "AtSpeed strict WS@10 vs beam, batch 1 >= 1.5x",
-            "atspeed",
-            atspeed_ws("ws"),
-            1.5,
-            raw="atspeed_b1",
-        ),
-        Target(
-            "AtSpeed strict WS@10 vs HF generate, batch 1 >= 2x",
-            "atspeed",
-            atspeed_ws("ws_vs_hf"),
-            2.0,
-            raw="atspeed_b1",
-        ),
-        Target(
-            "AtSpeed strict WS@10 vs beam, batch 32 >= 1.5x",
-            "atspeed",
-            atspeed_ws("ws"),
-            1.5,
-            raw="atspeed_b32",
-        ),
-        Target(
-            "AtSpeed strict WS@10 vs HF generate, batch 32 >= 2x",
-            "atspeed",
-            atspeed_ws("ws_vs_hf"),
-            2.0,
-            raw="atspeed_b32",
-        ),
-        Target("STATIC: CPU trie overhead / STATIC torch at |C| = 1e6 >= 20x", "static", trie_overhead, 20.0),
-        Target("STATIC: CSR level-select kernel exact vs torch", "static", level_select_exact, 1.0),
-        Target(
-            "STATIC: CSR level-select kernel, torch / Triton (slowest level) >= 1x",
-            "static",
-            level_select_speedup,
-            1.0,
-        ),
-        Target(
-            "imported Qwen3-0.6B-shaped bf16: xgr / hf_beam users/s at the widest BW >= 1x",
-            "imported_qwen3",
-            imported_ratio,
-            1.0,
-        ),
-    ]
+    return list(TARGETS)
