@@ -56,6 +56,29 @@ TINY = dict(
 DECODERS = ("beam", "xgr", "hf_beam")
 
 
+def decode_state_table(beams: list[int], prompt_len: int = 256, levels: int = 3) -> list[dict]:
+    """Decode-state bytes of the Qwen3-0.6B shape per width, ours (shared prompt + per-beam steps) against
+    HF's per-beam cache (workloads/models/decode_state.py: arithmetic from the config, bf16)."""
+    from genrec.workloads.models.decode_state import decode_state_bytes
+    from genrec.workloads.models.hf_config import hf_model_config
+
+    raw = {
+        **QWEN3_0_6B,
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "vocab_size": 151_936,
+        "torch_dtype": "bfloat16",
+    }
+    cfg, _ = hf_model_config(raw)
+    rows = []
+    for w in beams:
+        b = decode_state_bytes(cfg, users=1, beams=w, prompt_len=prompt_len, steps=levels - 1, elem_bytes=2)
+        rows.append(
+            {"beam_width": w, "ours_mb": b.ours / 2**20, "hf_mb": b.hf_per_beam / 2**20, "ratio": b.ratio}
+        )
+    return rows
+
+
 def imported_context(work: Path, tiny: bool, device: str, seed: int):
     """Build, import and load the checkpoint; returns (DecoderContext, number of items)."""
     sizes, items, dtype = ((16, 16, 16), 300, "float32") if tiny else ((256, 256, 256), 20000, "bfloat16")
@@ -128,11 +151,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work", default=None, help="where the checkpoint is built (default: a temporary folder)")
     p.add_argument("--out", default=None)
+    p.add_argument(
+        "--decode-state",
+        action="store_true",
+        help="print the decode-state bytes table of the full shape (arithmetic, no model) and stop",
+    )
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> dict:
     a = parse_args(argv)
+    if a.decode_state:
+        rows = decode_state_table(a.beams)
+        for r in rows:
+            print(
+                f"BW {r['beam_width']:4d}: ours {r['ours_mb']:8.1f} MB  HF per-beam {r['hf_mb']:9.1f} MB  "
+                f"ratio {r['ratio']:.1f}x"
+            )
+        return {"decode_state": rows}
     if a.device == "cuda" and not torch.cuda.is_available():
         raise UserInputError("--device cuda: no CUDA device here; pass --device cpu --tiny for a dry run")
     work = Path(a.work or tempfile.mkdtemp(prefix="genrec_qwen3_"))
