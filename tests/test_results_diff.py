@@ -49,3 +49,12 @@ def test_a_changed_quality_value_or_a_missing_configuration_is_named(tmp_path, c
     out = capsys.readouterr().out
     assert "recall@10 0.25 -> 0.2501" in out
     assert "only before" in out and '"beam_width": 20' in out
+
+
+def test_a_parameter_only_one_version_records_is_named_not_a_new_configuration(tmp_path, capsys):
+    before = write(tmp_path / "b", [row("beam", 10, 0.25, 5.0)])
+    newer = row("beam", 10, 0.25, 5.0)
+    newer.decoder_params = {**newer.decoder_params, "level_softmax": False}
+    after = write(tmp_path / "a", [newer])
+    assert results_diff.main([before, after]) == 0
+    assert "parameter level_softmax only after (values False)" in capsys.readouterr().out

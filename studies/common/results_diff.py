@@ -25,16 +25,35 @@ QUALITY_PREFIXES = ("hr@", "ndcg@", "recall@", "invalid_rate", "count_")
 CONFIG = ("decoder", "decoder_params", "model", "draft", "dataset", "split", "seed")
 
 
-def config_key(row: pd.Series) -> tuple:
-    """The configuration of a row, with folder paths reduced to their last part."""
+def short(value: object) -> object:
+    """A folder path reduced to its last part, so two clones compare."""
+    return Path(value).name if isinstance(value, str) and "/" in value else value
 
-    def short(value: object) -> object:
-        return Path(value).name if isinstance(value, str) and "/" in value else value
 
-    params = {k: short(v) for k, v in json.loads(row["decoder_params"]).items()}
+def row_params(row: pd.Series) -> dict:
+    return {k: short(v) for k, v in json.loads(row["decoder_params"]).items()}
+
+
+def config_key(row: pd.Series, shared: set[str] | None = None) -> tuple:
+    """The configuration of a row; with `shared`, only those parameter names count (a parameter one
+    version added, or removed, is not a difference of configuration: it is named once instead)."""
+    params = {k: v for k, v in row_params(row).items() if shared is None or k in shared}
     return tuple(
         json.dumps(params, sort_keys=True) if c == "decoder_params" else short(row.get(c)) for c in CONFIG
     )
+
+
+def shared_params(before: pd.DataFrame, after: pd.DataFrame) -> tuple[set[str], list[str]]:
+    """Parameter names both sides record, and one line per name only one side has (with its values)."""
+    names = [{k for _, r in df.iterrows() for k in row_params(r)} for df in (before, after)]
+    lines = []
+    for side, own, other, df in (("before", *names, before), ("after", names[1], names[0], after)):
+        for name in sorted(own - other):
+            values = sorted(
+                {repr(row_params(r).get(name)) for _, r in df.iterrows() if name in row_params(r)}
+            )
+            lines.append(f"parameter {name} only {side} (values {', '.join(values)}): not compared")
+    return names[0] & names[1], lines
 
 
 def quality_columns(df: pd.DataFrame) -> list[str]:
@@ -47,10 +66,12 @@ def same(a: object, b: object) -> bool:
     return a == b
 
 
-def differences(before: pd.DataFrame, after: pd.DataFrame) -> list[str]:
-    """One line per configuration only one side has, and per quality value that differs."""
-    b = {config_key(r): r for _, r in before.iterrows()}
-    a = {config_key(r): r for _, r in after.iterrows()}
+def differences(before: pd.DataFrame, after: pd.DataFrame) -> tuple[list[str], list[str]]:
+    """(differences, notes): one line per configuration only one side has and per quality value that
+    differs; notes name the parameters only one side records."""
+    shared, notes = shared_params(before, after)
+    b = {config_key(r, shared): r for _, r in before.iterrows()}
+    a = {config_key(r, shared): r for _, r in after.iterrows()}
     out = [f"only before: {k}" for k in sorted(set(b) - set(a), key=str)]
     out += [f"only after: {k}" for k in sorted(set(a) - set(b), key=str)]
     columns = sorted(set(quality_columns(before)) | set(quality_columns(after)))
@@ -59,7 +80,7 @@ def differences(before: pd.DataFrame, after: pd.DataFrame) -> list[str]:
             x, y = b[key].get(c), a[key].get(c)
             if not same(x, y):
                 out.append(f"{key[0]} {key[1]}: {c} {x!r} -> {y!r}")
-    return out
+    return out, notes
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,8 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     before, after = read_results(a.before, a.experiment), read_results(a.after, a.experiment)
     if before.empty or after.empty:
         raise UserInputError(f"no result rows in {a.before if before.empty else a.after}: check the folder")
-    lines = differences(before, after)
-    print("\n".join(lines) if lines else "")
+    lines, notes = differences(before, after)
+    print("\n".join(notes + lines))
     print(
         f"{len(before)} / {len(after)} rows; {len(quality_columns(after))} quality columns; "
         f"{'identical' if not lines else f'{len(lines)} differences'}"
