@@ -175,6 +175,17 @@ def resolve_params(decoder_name: str, params: Any, ks: tuple[int, ...]) -> Any:
     return params
 
 
+def pass_quality(first, targets: list, ks: tuple[int, ...]) -> dict[str, float]:
+    """Ranking metrics of a timed pass's lists, plus the shares of all returned slots that were invalid
+    (an SID outside the catalogue) or missing (no SID at all), and of users with K valid items."""
+    quality = ranking_metrics(first.ranked, targets, ks)
+    valid, missing = np.concatenate(first.valid_flags), np.concatenate(first.missing_flags)
+    quality["invalid_rate"] = float((~valid & ~missing).mean())
+    quality["missing_rate"] = float(missing.mean())
+    quality["users_with_k_valid"] = float(np.concatenate(first.full_lists).mean())
+    return quality
+
+
 def evaluate(
     ctx: DecoderContext,
     ds: Dataset,
@@ -209,12 +220,7 @@ def evaluate(
     ranked = first.ranked
 
     targets = [ex.targets for ex in examples]
-    quality = ranking_metrics(ranked, targets, cfg.ks)
-    valid, missing = np.concatenate(first.valid_flags), np.concatenate(first.missing_flags)
-    # shares of all returned slots: invalid = an SID outside the catalogue, missing = no SID at all
-    quality["invalid_rate"] = float((~valid & ~missing).mean())
-    quality["missing_rate"] = float(missing.mean())
-    quality["users_with_k_valid"] = float(np.concatenate(first.full_lists).mean())
+    quality = pass_quality(first, targets, cfg.ks)
     row = ResultRow(
         decoder=cfg.decoder,
         decoder_params=asdict(params),

@@ -113,6 +113,28 @@ def _deployments_settled(app) -> bool:
     return all(str(d.status).endswith("HEALTHY") for d in app.deployments.values())
 
 
+def ray_init_options(address: str, num_cpus: int | None) -> dict[str, Any]:
+    """ray.init's options: a local Ray gets the CPU count, ordinary worker priority (Ray runs workers at
+    nice 15 by default, so a load generator on the same machine would take the CPU from the replicas)
+    and session files in a folder of this user's only."""
+    from genrec.platform.ray_options import local_ray_options
+
+    kwargs: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.WARNING}
+    if address == "local":
+        kwargs["num_cpus"] = num_cpus
+        kwargs["_system_config"] = {"worker_niceness": 0}
+        kwargs.update(local_ray_options())
+    return kwargs
+
+
+def ray_environment(cfg: ServeConfig, http: HttpSettings, ingress: str, address: str) -> dict[str, str]:
+    """What a local Ray's processes inherit (the ingress settings); a cluster keeps its own."""
+    if address != "local":
+        return {}
+    retry = max(1, math.ceil(cfg.retry_after_s))
+    return ingress_environment(ingress, http.handler_loop, cfg.body_timeout_s, cfg.client_timeout_s, retry)
+
+
 def start_server(
     cfg: ServeConfig,
     http: HttpSettings | None = None,
@@ -129,8 +151,6 @@ def start_server(
     import ray
     from ray import serve
 
-    from genrec.platform.ray_options import local_ray_options
-
     global _STARTED_RAY
     http = http or HttpSettings()
     cfg = cfg.resolved()
@@ -139,27 +159,8 @@ def start_server(
     ingress = resolve_ingress(http.ingress)
     address = ray_address or os.environ.get("RAY_ADDRESS") or "local"
     if not ray.is_initialized():
-        kwargs: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.WARNING}
-        if address == "local":
-            kwargs["num_cpus"] = num_cpus
-            # replicas at ordinary priority: Ray runs workers at nice 15 by default, so a load
-            # generator (or anything else) on the same machine would take the CPU from the replicas
-            kwargs["_system_config"] = {"worker_niceness": 0}
-            kwargs.update(local_ray_options())  # session files in a folder of this user's only
-        # a local Ray's processes inherit this environment; a cluster keeps the one it started with
-        env = (
-            ingress_environment(
-                ingress,
-                http.handler_loop,
-                cfg.body_timeout_s,
-                cfg.client_timeout_s,
-                max(1, math.ceil(cfg.retry_after_s)),
-            )
-            if address == "local"
-            else {}
-        )
-        with started_with(env):
-            ray.init(address=address, **kwargs)
+        with started_with(ray_environment(cfg, http, ingress, address)):
+            ray.init(address=address, **ray_init_options(address, num_cpus))
         _STARTED_RAY = address == "local"
     if after_ray_init is not None:
         after_ray_init()
