@@ -361,7 +361,11 @@ def test_a_poison_request_among_good_ones_fails_alone(app):
             return await asyncio.gather(*(one(poison if i == 5 else good) for i in range(11)))
 
     for _ in range(5):
-        answers = asyncio.run(round_())
+        for _attempt in range(3):  # admission's 503 (queue full on a loaded machine) is not what is tested
+            answers = asyncio.run(round_())
+            if all(s != 503 for s, _ in answers):
+                break
+            time.sleep(1.0)
         status, body = answers.pop(5)
         assert status == 422 and "`attention` 'triton'" in body["detail"], (status, body)
         assert [s for s, _ in answers] == [200] * 10, answers
