@@ -130,9 +130,15 @@ def test_health_answers_within_a_second_while_the_largest_allowed_request_decode
 
 def test_a_request_past_its_deadline_is_dropped_before_decoding_and_counted(app):
     url, cfg = app
-    before = get(f"{url}/health")[1]
     try:
-        reconfigure(cfg, request_timeout_s=0.5)
+        # well below one wide call (~1 s on one core, ~0.3 s on a fast idle one), so the calls after the
+        # first always start past their deadline; the replica applies a reconfigure asynchronously, so
+        # the requests go out only once its health reports the new timeout
+        reconfigure(cfg, request_timeout_s=0.2)
+        wait_until = time.monotonic() + 20
+        while get(f"{url}/health")[1]["request_timeout_s"] != 0.2 and time.monotonic() < wait_until:
+            time.sleep(0.1)
+        before = get(f"{url}/health")[1]
 
         async def three() -> list[int]:
             async with aiohttp.ClientSession() as s:
