@@ -117,8 +117,7 @@ def sid_generation_config(levels: int, beam_width: int, k: int, pad_token_id: in
         **beam_flags,  # length_penalty 0: sequences_scores are plain sums of log-probabilities
         num_beams=beam_width,
         num_return_sequences=k,
-        max_new_tokens=levels,
-        min_new_tokens=levels,  # inert without an eos token; states the fixed length
+        max_new_tokens=levels,  # no eos token: every beam runs L steps (min_new_tokens only warns)
         pad_token_id=pad_token_id,
         bos_token_id=bos_token_id,
         eos_token_id=None,  # SIDs have a fixed length; nothing ends a beam early
