@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from genrec.studies.common.random_hf import build_random_hf, random_items, write_index
+from genrec.studies.common.random_hf import QWEN3_0_6B, TINY, build_random_hf, random_items, write_index
 from genrec.workloads.decoding.base import get_decoder, make_params
 from genrec.workloads.errors import UserInputError, run_main
 from genrec.workloads.evaluation import load_imported_context
@@ -32,27 +32,6 @@ from genrec.workloads.io import atomic_write_text
 from genrec.workloads.models.hf_checkpoint import import_hf_checkpoint
 from genrec.workloads.results import command_line, current_environment
 
-QWEN3_0_6B = dict(
-    hidden_size=1024,
-    intermediate_size=3072,
-    num_hidden_layers=28,
-    num_attention_heads=16,
-    num_key_value_heads=8,
-    head_dim=128,
-    tie_word_embeddings=True,
-    rope_theta=1e6,
-    max_position_embeddings=4096,
-)
-TINY = dict(
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    tie_word_embeddings=True,
-    max_position_embeddings=512,
-)
 DECODERS = ("beam", "xgr", "hf_beam")
 
 

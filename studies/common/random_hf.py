@@ -9,14 +9,43 @@ inside the functions (the GPU machine has it; this module must import without it
 
 from __future__ import annotations
 
+import argparse
 import json
+import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from genrec.workloads.errors import UserInputError, run_main
+
 WORDS = ["<unk>", "<s>", "</s>", "<pad>", "the", "user", "bought", "items", "next", "item", ":", ",", "."]
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
+# Qwen3 shapes (transformers config fields): the published 0.6B model's, and a tiny one of the same kind
+QWEN3_0_6B = dict(
+    hidden_size=1024,
+    intermediate_size=3072,
+    num_hidden_layers=28,
+    num_attention_heads=16,
+    num_key_value_heads=8,
+    head_dim=128,
+    tie_word_embeddings=True,
+    rope_theta=1e6,
+    max_position_embeddings=4096,
+)
+TINY = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    tie_word_embeddings=True,
+    max_position_embeddings=512,
+)
+SHAPES = {"tiny": TINY, "qwen3-0.6b": QWEN3_0_6B}
+PROMPT = {"text": "the user bought {history} . next item :"}
 
 
 def lcrec_token_strings(sizes: tuple[int, ...], template: str = "<{level}_{code}>") -> list[str]:
@@ -82,3 +111,51 @@ def build_random_hf(
     model = getattr(tf, model_class)(cfg).to(getattr(torch, dtype)).eval()
     model.save_pretrained(folder)
     return folder
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m genrec.studies.common.random_hf",
+        description="Build a random Qwen3 checkpoint with LC-Rec SID tokens, its item index and prompt "
+        "template: the input of `genrec model import hf` for trying it without a model of your own.",
+    )
+    p.add_argument("--out", type=Path, required=True, help="folder to create (must not exist)")
+    p.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
+    p.add_argument("--sizes", type=int, nargs="+", default=[32, 32, 32], help="codebook size per level")
+    p.add_argument("--items", type=int, default=2000, help="catalogue size (distinct random SIDs)")
+    p.add_argument("--vocab", type=int, default=None, help="embedding rows, padded past the tokenizer")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    sizes = tuple(args.sizes)
+    if args.out.exists():
+        raise UserInputError(f"{args.out} exists: pick a new --out folder (nothing was written)")
+    if not 0 < args.items <= int(np.prod(sizes)):
+        raise UserInputError(
+            f"--items {args.items}: give 1..{int(np.prod(sizes))} for codebooks {list(sizes)}"
+        )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{args.out.name}.", dir=args.out.parent))
+    try:  # built aside and renamed, so an error or Ctrl-C leaves no half checkpoint at --out
+        shape = SHAPES[args.shape]
+        build_random_hf(
+            tmp, "Qwen3Config", "Qwen3ForCausalLM", shape, sizes, args.dtype, args.seed, args.vocab
+        )
+        write_index(random_items(sizes, args.items, args.seed), tmp / "items.index.json")
+        (tmp / "prompt.json").write_text(json.dumps(PROMPT) + "\n")
+        tmp.rename(args.out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(
+        f"random Qwen3 ({args.shape}, {args.dtype}) with {sum(sizes)} SID tokens and {args.items} items "
+        f"-> {args.out} (items.index.json, prompt.json)"
+    )
+    return {"out": str(args.out)}
+
+
+if __name__ == "__main__":
+    run_main(main)
