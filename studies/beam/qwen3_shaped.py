@@ -17,15 +17,14 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
-import time
 from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from genrec.studies.common.measured_decode import measured_decode
 from genrec.studies.common.random_hf import QWEN3_0_6B, TINY, build_random_hf, random_items, write_index
-from genrec.workloads.decoding.base import get_decoder, make_params
 from genrec.workloads.errors import UserInputError, run_main
 from genrec.workloads.evaluation import load_imported_context
 from genrec.workloads.io import atomic_write_text
@@ -77,34 +76,18 @@ def imported_context(work: Path, tiny: bool, device: str, seed: int):
     return ctx, items
 
 
-def timed(ctx, decoder: str, beams: int, batch: list[list[int]], k: int) -> float:
-    dec = get_decoder(decoder)
-    params = make_params(dec, {"beam_width": beams, "k": min(k, beams)})
-    cuda = ctx.device.type == "cuda"
-    t0 = time.perf_counter()
-    with torch.inference_mode():
-        dec.decode(ctx, batch, params)
-    if cuda:
-        torch.cuda.synchronize()
-    return (time.perf_counter() - t0) * 1e3
-
-
 def width_point(ctx, beams: int, batches: list[list[list[int]]], k: int) -> list[dict]:
     """Every decoder at one width: warm-up, then the timed batches with the decoders alternating."""
-    cuda = ctx.device.type == "cuda"
     ms: dict[str, list[float]] = {d: [] for d in DECODERS}
     peak: dict[str, int | None] = {}
-    for d in DECODERS:
-        timed(ctx, d, beams, batches[0], k)  # lazy buffers and HF's copy of the weights exist before timing
+    for d in DECODERS:  # lazy buffers and HF's copy of the weights exist before timing
+        measured_decode(ctx, d, beams, batches[0], k)
     for rep, batch in enumerate(batches):
         order = DECODERS[rep % 3 :] + DECODERS[: rep % 3]
         for d in order:
-            if cuda and rep == 0:
-                torch.cuda.reset_peak_memory_stats()
-                before = torch.cuda.memory_allocated()
-            ms[d].append(timed(ctx, d, beams, batch, k))
-            if rep == 0:
-                peak[d] = torch.cuda.max_memory_allocated() - before if cuda else None
+            m = measured_decode(ctx, d, beams, batch, k)
+            ms[d].append(m.ms)
+            peak.setdefault(d, m.peak_bytes)  # the first timed batch's
     users = len(batches[0])
     return [
         {

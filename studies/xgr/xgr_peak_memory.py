@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from dataclasses import asdict
 
 import numpy as np
 import torch
 
-from genrec.workloads.decoding.base import DecoderContext, get_decoder, make_params
+from genrec.studies.common.measured_decode import measured_decode
+from genrec.workloads.decoding.base import DecoderContext
 from genrec.workloads.errors import UserInputError, run_main
 from genrec.workloads.io import atomic_write_text
 from genrec.workloads.models.model_config import model_config_for
@@ -49,27 +49,14 @@ def random_context(
 
 def peak_point(ctx: DecoderContext, decoder: str, beams: int, histories: list[list[int]], k: int) -> dict:
     """One warm-up decode, then the measured one: peak bytes above what was allocated before it."""
-    dec = get_decoder(decoder)
-    params = make_params(dec, {"beam_width": beams, "k": min(k, beams)})
-    cuda = ctx.device.type == "cuda"
-    with torch.inference_mode():
-        dec.decode(ctx, histories, params)
-        if cuda:
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            before = torch.cuda.memory_allocated()
-        t0 = time.perf_counter()
-        result = dec.decode(ctx, histories, params)
-        if cuda:
-            torch.cuda.synchronize()
-        ms = (time.perf_counter() - t0) * 1e3
-    peak = torch.cuda.max_memory_allocated() - before if cuda else None
+    measured_decode(ctx, decoder, beams, histories, k)
+    m = measured_decode(ctx, decoder, beams, histories, k)
     return {
         "decoder": decoder,
         "beam_width": beams,
-        "peak_bytes": peak,
-        "ms": ms,
-        "top1_item": int(result.item_ids[0, 0]),
+        "peak_bytes": m.peak_bytes,
+        "ms": m.ms,
+        "top1_item": int(m.result.item_ids[0, 0]),
     }
 
 
