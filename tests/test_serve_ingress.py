@@ -130,10 +130,12 @@ listen stats
 """
 
 
-def guard_settings(tmp_path):
+def guard_settings(tmp_path, key: str = ""):
     from genrec.platform.serve.haproxy_guard import GuardSettings, write_error_pages
 
-    settings = GuardSettings("haproxy", str(tmp_path), http_request_timeout_s=2.5, client_timeout_s=30)
+    settings = GuardSettings(
+        "haproxy", str(tmp_path), http_request_timeout_s=2.5, client_timeout_s=30, front_door_key=key
+    )
     write_error_pages(settings)
     return settings
 
@@ -156,6 +158,37 @@ def test_harden_keeps_haproxy_local_owner_only_bounded_and_json(tmp_path):
     assert harden(text, settings) == text  # idempotent: HAProxy restarts with the same file on reloads
 
 
+def test_harden_sets_the_front_door_key_on_what_the_frontend_forwards(tmp_path):
+    """The key replaces any client-sent copy on every request of the app's frontend (so on what goes to
+    a replica or to Serve's fallback proxy); without a key nothing is added."""
+    from genrec.platform.serve.front_door import FRONT_DOOR_HEADER, draw_key
+    from genrec.platform.serve.haproxy_guard import harden, split_sections
+
+    key = draw_key()
+    settings = guard_settings(tmp_path, key)
+    text = harden(RAY_LIKE_CONFIG.format(d=tmp_path), settings)
+    sections = dict(split_sections(text))
+    frontend = sections["frontend http_frontend"]
+    delete = frontend.index(f"    http-request del-header {FRONT_DOOR_HEADER}")
+    assert frontend[delete + 1] == f"    http-request set-header {FRONT_DOOR_HEADER} {key}"
+    assert delete > max(i for i, line in enumerate(frontend) if "wait-for-body" in line)
+    assert delete < frontend.index("    use_backend app if is_app")  # before it is forwarded
+    assert text.count(key) == 1  # in the app's frontend only (not stats, metrics or the 404 backend)
+    assert harden(text, settings) == text
+    plain = harden(RAY_LIKE_CONFIG.format(d=tmp_path), guard_settings(tmp_path))
+    assert FRONT_DOOR_HEADER not in plain
+
+
+def test_a_local_haproxy_ray_gets_the_key_the_guard_sets(monkeypatch):
+    from genrec.platform.serve.front_door import FRONT_DOOR_ENV
+
+    monkeypatch.setattr(ingress_mod, "haproxy_available", lambda: True)
+    env = ingress_environment("haproxy")
+    key = env[FRONT_DOOR_ENV]
+    assert len(key) >= 40 and key == ingress_mod.haproxy_runtime().settings.front_door_key
+    assert FRONT_DOOR_ENV not in ingress_environment("proxy")  # Serve's proxy: nothing changes
+
+
 def test_error_pages_are_raw_json_http_responses(tmp_path):
     import json as _json
 
@@ -174,6 +207,7 @@ def test_hardened_config_passes_haproxys_own_check(tmp_path):
     import shutil
     import subprocess
 
+    from genrec.platform.serve.front_door import draw_key
     from genrec.platform.serve.haproxy_guard import harden
     from genrec.platform.serve.ingress import real_haproxy_binary
 
@@ -181,7 +215,7 @@ def test_hardened_config_passes_haproxys_own_check(tmp_path):
     if shutil.which(binary) is None and not os.path.isfile(binary):
         pytest.skip("no HAProxy binary")
     cfg = tmp_path / "haproxy.cfg"
-    cfg.write_text(harden(RAY_LIKE_CONFIG.format(d=tmp_path), guard_settings(tmp_path)))
+    cfg.write_text(harden(RAY_LIKE_CONFIG.format(d=tmp_path), guard_settings(tmp_path, draw_key())))
     (tmp_path / "500.http").write_text("HTTP/1.1 500 x\r\nContent-Length: 0\r\n\r\n")
     check = subprocess.run([binary, "-c", "-f", str(cfg)], capture_output=True, text=True, timeout=30)
     assert check.returncode == 0, check.stdout + check.stderr

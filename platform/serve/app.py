@@ -76,6 +76,7 @@ from genrec.platform.serve.config import (
     parse_serve_config,
 )
 from genrec.platform.serve.deployment_options import deployment_options
+from genrec.platform.serve.front_door import FrontDoorOnly
 from genrec.platform.serve.http_io import CLIENT_CLOSED, error_response, overloaded, read_body
 from genrec.platform.serve.ingress import active_handler_loop, active_ingress
 from genrec.platform.serve.ranking import NO_RANKING_MODEL, RankingService
@@ -86,6 +87,9 @@ from genrec.workloads.errors import UserInputError
 from genrec.workloads.serving.xschedule import SLOBatchPolicy
 
 api = FastAPI(title="genrec-lab recommender", version="1")
+# with the HAProxy ingress, what did not come through HAProxy gets a 403 before its body is read
+# (front_door.py: a replica's own port and Serve's fallback proxy skip HAProxy's timeouts)
+api.add_middleware(FrontDoorOnly)
 
 
 @api.exception_handler(Exception)

@@ -21,6 +21,8 @@ command line, which stays the same):
   for a complete body before it occupies a replica;
 * an HTTP/1.1 request without Host or with an unknown HTTP version is refused (400), and a
   /recommend body announced over the app's limit gets 413 before any `100 Continue` (`edge_rules`);
+* every request it forwards carries the app's front-door key (`front_door_rules`, front_door.py), so
+  replicas refuse what reaches them any other way (their own port, Serve's fallback proxy);
 * every error HAProxy answers itself (400, 404, 408, 413, 500, 502, 503, 504) and every non-JSON
   error a replica or Serve answers is the app's JSON shape `{"detail": "..."}`; a replica that dies
   mid-request gives the client a JSON 503 with Retry-After, never a hang.
@@ -42,6 +44,8 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from genrec.platform.serve.front_door import FRONT_DOOR_HEADER
 
 SETTINGS_ENV = "GENREC_HAPROXY_SETTINGS"  # path of the wrapper's settings (GuardSettings as JSON)
 LOCAL_SECTIONS = ("listen stats", "frontend prometheus")  # their binds go to 127.0.0.1
@@ -91,6 +95,7 @@ class GuardSettings:
     http_request_timeout_s: float  # HAProxy `timeout http-request`: the whole request, body included
     client_timeout_s: float  # HAProxy `timeout client`: an idle client connection
     retry_after_s: int = 1
+    front_door_key: str = ""  # set on every forwarded request (front_door.py); '' sets nothing
 
     @property
     def error_dir(self) -> Path:
@@ -228,11 +233,28 @@ def _harden_defaults(lines: list[str], settings: GuardSettings) -> list[str]:
     return kept[:1] + added + kept[1:]
 
 
+def front_door_rules(key: str) -> list[str]:
+    """The key on every request this frontend forwards (to a replica or to Serve's fallback proxy),
+    replacing any copy the client sent: replicas serve only requests that carry it (front_door.py).
+    Judged after the edge rules and `wait-for-body`, so only complete requests get it. HAProxy's
+    health checks ask Serve's `/-/healthz`, which Serve answers before the app: they need no key."""
+    if not key:
+        return []
+    return [
+        f"    http-request del-header {FRONT_DOOR_HEADER}",
+        f"    http-request set-header {FRONT_DOOR_HEADER} {key}",
+    ]
+
+
 def _with_json_rules(lines: list[str], settings: GuardSettings) -> list[str]:
     if any("genrec_json_body" in line for line in lines):
         return lines
     first_bind = next((i for i, line in enumerate(lines) if line.strip().startswith("bind ")), 0)
-    rules = json_response_rules(settings.retry_after_s) + edge_rules(settings.http_request_timeout_s)
+    rules = (
+        json_response_rules(settings.retry_after_s)
+        + edge_rules(settings.http_request_timeout_s)
+        + front_door_rules(settings.front_door_key)
+    )
     return lines[: first_bind + 1] + rules + lines[first_bind + 1 :]
 
 

@@ -17,7 +17,9 @@ and a cluster started elsewhere must have them in its own environment
 `active_ingress()` (GET /health, `ingress`).
 
 With haproxy, a local Ray also gets genrec's HAProxy wrapper (haproxy_guard.py: stats and metrics on
-127.0.0.1, owner-only admin socket, request and client timeouts, JSON errors) and a private runtime
+127.0.0.1, owner-only admin socket, request and client timeouts, JSON errors), a front-door key that
+replicas require of every request (front_door.py: their own ports and Serve's fallback proxy are
+closed to anything but HAProxy) and a private runtime
 folder for HAProxy's config, sockets and error pages: one per process (`HAProxyRuntime`), with its
 own stats and metrics ports so two apps on one machine do not collide, removed with any HAProxy left
 in it when the process stops the app (`HAProxyRuntime.remove`) or exits.
@@ -38,6 +40,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
+from genrec.platform.serve.front_door import FRONT_DOOR_ENV, draw_key
 from genrec.platform.serve.haproxy_guard import (
     SETTINGS_ENV,
     GuardSettings,
@@ -138,6 +141,7 @@ class HAProxyRuntime:
             http_request_timeout_s=http_request_timeout_s,
             client_timeout_s=client_timeout_s,
             retry_after_s=retry_after_s,
+            front_door_key=draw_key(),  # one per Ray instance; guard.json is in the 0700 folder
         )
         write_error_pages(self.settings)
         self.settings.save(self.dir / "guard.json")
@@ -178,6 +182,7 @@ class HAProxyRuntime:
             "RAY_SERVE_HAPROXY_TIMEOUT_CLIENT_S": str(max(1, round(self.settings.client_timeout_s))),
             "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT": str(self.fallback_ports[0]),
             "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT": str(self.fallback_ports[1]),
+            FRONT_DOOR_ENV: self.settings.front_door_key,  # the replicas' side of the key
         }
 
     def haproxy_pids(self) -> list[int]:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
+import select
 import socket
 import stat
 import threading
@@ -201,6 +203,109 @@ def test_200_connections_stalled_mid_body_do_not_stop_good_requests(app):
             s.close()
 
 
+def side_doors(replica_pid: int) -> dict[str, int]:
+    """The ways into the replica that skip HAProxy: its own HTTP port (Serve's direct ingress, in
+    30000-31000) and Serve's fallback proxy (the port genrec drew)."""
+    from genrec.platform.serve import ingress
+
+    own = [x.port for x in listeners() if x.pid == replica_pid and 30000 <= x.port <= 31000]
+    assert own and ingress._RUNTIME is not None, "the replica has no direct-ingress port"
+    return {"replica": own[0], "fallback proxy": ingress._RUNTIME.fallback_ports[0]}
+
+
+def read_answer(conn: socket.socket, timeout_s: float = 2.0) -> bytes:
+    """One HTTP answer (its head and its Content-Length or chunked body), or what came before the other
+    side closed or went silent for `timeout_s`."""
+    conn.settimeout(timeout_s)
+    data = b""
+    try:
+        while chunk := conn.recv(4096):
+            data += chunk
+            head, sep, body = data.partition(b"\r\n\r\n")
+            length = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+            if sep and length and len(body) >= int(length.group(1)):
+                break
+            if sep and b"chunked" in head.lower() and body.endswith(b"0\r\n\r\n"):
+                break
+    except (ConnectionResetError, TimeoutError):
+        pass
+    return data
+
+
+def first_answers(conns: list[socket.socket], since: float, timeout_s: float) -> dict:
+    """socket -> (its answer, or b"" if closed without one; seconds from `since` until it began)."""
+    got: dict = {}
+    deadline = time.perf_counter() + timeout_s
+    waiting = list(conns)
+    while waiting and time.perf_counter() < deadline:
+        readable, _, _ = select.select(waiting, [], [], 0.05)
+        for conn in readable:
+            began = time.perf_counter() - since
+            got[conn] = (read_answer(conn), began)
+            waiting.remove(conn)
+    assert not waiting, f"{len(waiting)} side-door connections got no answer within {timeout_s} s"
+    return got
+
+
+@pytest.mark.skipif(not haproxy_available(), reason="HAProxy ingress not installed")
+def test_half_bodies_at_the_side_doors_are_refused_at_once_and_good_requests_go_through(app):
+    """40 half-sent bodies to the replica's own port and 40 to Serve's fallback proxy (each more than the
+    replica's admission bound of 12), held while 12 good requests go through HAProxy: every good one
+    gets 200, every side-door connection a JSON 403 (or, at the fallback proxy, Serve's own 503 when its
+    queue for the replica is full; or is closed) well before body_timeout_s, and the
+    key HAProxy adds appears neither there nor in /health."""
+    url, cfg = app
+    if get(f"{url}/health")[1]["ingress"] != "haproxy":
+        pytest.skip("this Ray serves through Serve's proxy: there is no side door")
+    from genrec.platform.serve import ingress
+
+    key = ingress._RUNTIME.settings.front_door_key
+    doors = side_doors(get(f"{url}/health")[1]["pid"])
+    held = {name: open_partial(port, 40) for name, port in doors.items()}
+    opened = time.perf_counter()
+    try:
+        result: dict = {}
+
+        def good() -> None:
+            async def twelve() -> list[int]:
+                async with aiohttp.ClientSession() as s:
+
+                    async def one(i: int) -> int:
+                        async with s.post(f"{url}/recommend", json={"history": [i + 1, 2], "k": 5}) as r:
+                            return r.status
+
+                    return await asyncio.gather(*(one(i) for i in range(12)))
+
+            time.sleep(0.3)  # the side-door requests reach the replica first
+            result["statuses"] = asyncio.run(twelve())
+
+        sender = threading.Thread(target=good)
+        sender.start()
+        answers = {name: first_answers(conns, opened, timeout_s=10) for name, conns in held.items()}
+        sender.join()
+        statuses = result["statuses"]
+    finally:
+        for conns in held.values():
+            for conn in conns:
+                conn.close()
+    assert statuses == [200] * 12, statuses
+    for name, got in answers.items():
+        for answer, _ in got.values():
+            head = answer.split(b"\r\n", 1)[0]
+            refused = b" 403 " in head and b"front door" in answer
+            # the fallback proxy queues at most max_queued_requests for the replica and turns the rest
+            # away itself, at once (Serve's plain-text 503): they never reach the replica either
+            dropped = name == "fallback proxy" and b" 503 " in head and b"backpressure" in answer
+            assert answer == b"" or refused or dropped, (name, answer[:300])
+            assert key.encode() not in answer
+        assert any(b" 403 " in answer for answer, _ in got.values()), name
+        # refused, not timed out: a 408 would come at body_timeout_s
+        took = sorted(t for _, t in got.values())
+        assert took[-1] < cfg.body_timeout_s, (name, [round(t, 2) for t in took])
+    health = json.dumps(get(f"{url}/health")[1])
+    assert key not in health
+
+
 HOSTILE = {
     "huge-int": b'{"history": [' + b"7" * 5000 + b'], "k": 5}',
     "deep-json": b"[" * 50_000 + b"]" * 50_000,
@@ -241,7 +346,8 @@ def test_every_error_is_json_whoever_answers_it(app):
         status, body, headers = request(method, f"{url}{path}", None, 10)
         assert status in (404, 405) and body["detail"]
     # Not HTTP at all: HAProxy 2.8 answers parse errors with its built-in page, ignoring errorfile 400
-    # (haproxy/haproxy#3032, fixed in 3.2); the status is right, the body is HTML (docs/serving.md).
+    # (haproxy/haproxy#3032); the status is right, the body is HTML (docs/serving.md, "Known gap";
+    # test_haproxy_edge.py records which malformed inputs get which).
     garbage = raw_exchange(port, b"NOT HTTP AT ALL\r\n\r\n")
     assert b" 400 " in garbage.split(b"\r\n", 1)[0]
 
