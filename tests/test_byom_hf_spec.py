@@ -188,3 +188,10 @@ def test_serve_sweep_drivers_and_init_resolve_through_the_cache(world, cache, tm
     meta = json.loads((tmp_path / "h" / "config.json").read_text())
     assert meta["init"] == str(folder) and meta["hf"]["family"] == "qwen3"
     assert np.isfinite(meta["best_val_loss"])
+
+
+def test_serve_refuses_a_bad_hf_path_before_ray_starts(world, cache, capsys):
+    _, data, _, _ = world
+    code, _, err = run_cli(["serve", "--model", "hf:/nowhere/at/all", "--data", str(data)], capsys)
+    assert code == 2 and err.count("\n") == 1 and "--model (or args.model) hf:/nowhere" in err, err
+    assert entries(cache) == []
