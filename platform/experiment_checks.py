@@ -364,13 +364,16 @@ def check_inputs(cfg: ExperimentConfig) -> None:
     from genrec.workloads.models.checkpoint import read_checkpoint_config
 
     try:  # the loader's own checks and messages (the pre-flight loads the weights before Ray starts)
-        ckpt_sizes = (read_checkpoint_config(ckpt / "config.json")["codec"] or {})["codebook_sizes"]
+        config = read_checkpoint_config(ckpt / "config.json")
+        ckpt_sizes = (config["codec"] or {})["codebook_sizes"]
     except UserInputError as e:
         raise UserInputError(f"`model.checkpoint`: {e}") from None
     except (TypeError, KeyError) as e:
         raise UserInputError(
             f"`model.checkpoint`: {ckpt}/config.json: `codec` holds no codebook_sizes ({e!r}); retrain it"
         ) from None
+    if "imported" in config:  # its SID table may skip codes no item uses: the pre-flight's load_context
+        return  # checks the dataset's items against the table itself
     if list(ckpt_sizes) != list(sizes):
         raise UserInputError(
             f"`model.checkpoint`: {ckpt} was trained for codebook sizes {ckpt_sizes}, but the dataset "

@@ -80,21 +80,30 @@ def experiment_from_dict(
 
 
 def resolve_paths(cfg: ExperimentConfig, base: Path) -> None:
+    from genrec.workloads.models.hf_cache import HF_PREFIX, resolve_model
+
     def absolute(p: Path) -> Path:
         p = p.expanduser()
         return (p if p.is_absolute() else base / p).resolve()
 
+    def model_path(p: Path, key: str) -> Path:
+        """hf:DIR -> its cached import, with the experiment's dataset as the items (hf_cache.py)."""
+        if not str(p).startswith(HF_PREFIX):
+            return absolute(p)
+        spec = HF_PREFIX + str(absolute(Path(str(p)[len(HF_PREFIX) :])))
+        return resolve_model(spec, cfg.dataset.path if cfg.dataset else None, role=key).resolve()
+
     if cfg.dataset is not None:
         cfg.dataset.path = absolute(cfg.dataset.path)
     if cfg.model.checkpoint is not None:
-        cfg.model.checkpoint = absolute(cfg.model.checkpoint)
+        cfg.model.checkpoint = model_path(cfg.model.checkpoint, "model.checkpoint")
     if cfg.model.train is not None:
         cfg.model.train.out = absolute(cfg.model.train.out)
     if cfg.draft is not None:
-        cfg.draft = absolute(cfg.draft)
-    for arm in cfg.arms:
+        cfg.draft = model_path(cfg.draft, "draft")
+    for i, arm in enumerate(cfg.arms):
         if arm.model is not None:
-            arm.model = absolute(arm.model)
+            arm.model = model_path(arm.model, f"arms[{i}].model")
     if cfg.benchmark is not None:  # a benchmark's path arguments (trials run in another directory)
         from genrec.platform.benchmarks import find_benchmark
 

@@ -133,10 +133,18 @@ def test_new_rows_trains_only_the_sid_rows(world, tmp_path, capsys):
 
 @pytest.mark.parametrize(
     ("extra", "needle"),
-    [(["--objective", "nezha"], "import the model first"), (["--train", "some"], "--train must be one of")],
+    [
+        (["--objective", "nezha"], "holds no SID tokens"),  # a head needs an SID checkpoint: none here
+        (["--train", "some"], "--train must be one of"),
+        (["--dtype", "float16"], "--dtype must be one of"),
+        (["--save-dtype", "int8"], "--save-dtype must be one of"),
+        (["--sid-pattern", "<nope>"], "--sid-pattern"),
+        (["--objective", "nezha", "--dtype", "bfloat16"], "--dtype applies to --init hf:DIR with next_item"),
+    ],
 )
-def test_bad_combinations_exit_2_with_one_line(world, tmp_path, capsys, extra, needle):
+def test_bad_combinations_exit_2_with_one_line(world, tmp_path, capsys, monkeypatch, extra, needle):
     _, data, _, src = world
+    monkeypatch.setenv("GENREC_HF_CACHE", str(tmp_path / "cache"))
     code, err = run_cli(train_args(data, src, tmp_path / "m", *extra), capsys)
     assert code == 2 and err.count("\n") == 1 and needle in err, err
     assert not (tmp_path / "m").exists()
@@ -165,3 +173,91 @@ def test_a_folder_without_a_tokenizer_exits_2_and_leaves_no_scratch(world, tmp_p
     code, err = run_cli(train_args(data, tmp_path / "lm", tmp_path / "m"), capsys)
     assert code == 2 and err.count("\n") == 1 and "tokenizer.json" in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["lm"], "nothing written, no scratch left"
+
+
+def test_openonerec_tokens_are_added_and_trained(world, tmp_path, capsys):
+    """`--sid-pattern openonerec`: `<s_a_N>` tokens join the tokenizer, the import finds them, and
+    fine-tuning moves their rows."""
+    import json
+
+    _, data, codes, src = world
+    code, err = run_cli(train_args(data, src, tmp_path / "m", "--sid-pattern", "openonerec"), capsys)
+    assert code == 0, err
+    ctx, ckpt = load_imported_context(tmp_path / "m", "cpu")
+    assert ckpt.meta["imported"]["sid_pattern"]["name"] == "openonerec"
+    tok = load_tokenizer(tmp_path / "m" / "hf")
+    for level, letter in enumerate("abc"):
+        for c in np.unique(codes[:, level]):
+            tid = ctx.codec.table.ids[level][int(c)]
+            assert tok.id_to_token(tid) == f"<s_{letter}_{c}>"
+    assert np.array_equal(ctx.item_codes, codes)
+    pattern = sid_pattern("openonerec", allow_gaps=True)
+    extend_hf_folder(src, tmp_path / "x", codes, pattern)
+    start, _ = load_hf_model(tmp_path / "x")
+    rows = np.concatenate([ctx.codec.table.level_present_ids(l) for l in range(3)])
+    before, after = start.embed_tokens.weight[rows], ctx.model.embed_tokens.weight[rows]
+    assert not torch.equal(before, after), "the <s_a_N> rows trained"
+    assert (
+        json.loads((tmp_path / "m" / "config.json").read_text())["train"]["init_sid_pattern"] == "openonerec"
+    )
+
+
+def bf16_copy(src, dst):
+    """`src` with its weights stored in bf16 (every shard, same names), as a bf16 release ships."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    for file in dst.glob("*.safetensors"):
+        save_file({k: v.bfloat16() for k, v in load_file(file).items()}, str(file), {"format": "pt"})
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg["dtype" if "dtype" in cfg else "torch_dtype"] = "bfloat16"
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return dst
+
+
+def first_step_loss(folder) -> float:
+    import json
+
+    return json.loads((folder / "config.json").read_text())["history"][0]["train_loss"]
+
+
+def test_bf16_autocast_trains_close_to_fp32_and_its_bf16_export_loads(world, tmp_path, capsys):
+    """`--dtype bfloat16` on CPU: the first step's loss is finite and within 2 % of the fp32 run's (bf16
+    keeps 8 mantissa bits: ~0.4 % per rounding, a few roundings deep in this 1-layer model); the master
+    weights stay fp32; `--save-dtype bfloat16` saves and exports bf16 weights that transformers loads
+    as bf16 and, upcast, scores as our upcast model does (fp32 atol 1e-4)."""
+    _, data, _, src = world
+    one = ("--max-steps", "1")
+    assert run_cli(train_args(data, src, tmp_path / "f32", *one), capsys)[0] == 0
+    code, err = run_cli(
+        train_args(data, src, tmp_path / "bf", *one, "--dtype", "bfloat16", "--save-dtype", "bfloat16"),
+        capsys,
+    )
+    assert code == 0, err
+    fp32, bf16 = first_step_loss(tmp_path / "f32"), first_step_loss(tmp_path / "bf")
+    assert np.isfinite(bf16) and abs(bf16 - fp32) <= 0.02 * abs(fp32), (bf16, fp32)
+    assert fp32 != bf16, "the bf16 run really ran under autocast"
+    saved32, _ = load_imported_context(tmp_path / "f32", "cpu")
+    assert saved32.model.embed_tokens.weight.dtype == torch.float32, "default: the checkpoint's dtype"
+    lm16 = bf16_copy(src, tmp_path / "lm16")
+    for name, extra in (("m16", ()), ("master", ("--save-dtype", "float32"))):
+        args = train_args(data, lm16, tmp_path / name, *one, "--dtype", "bfloat16", *extra)
+        assert run_cli(args, capsys)[0] == 0
+    saved16, _ = load_imported_context(tmp_path / "m16", "cpu")
+    assert saved16.model.embed_tokens.weight.dtype == torch.bfloat16, "default: the checkpoint's dtype"
+    master, _ = load_imported_context(tmp_path / "master", "cpu")
+    w = master.model.embed_tokens.weight
+    assert w.dtype == torch.float32 and not torch.equal(w, w.bfloat16().float()), "fp32 master weights"
+    ctx, ckpt = load_imported_context(tmp_path / "bf", "cpu")
+    assert ctx.model.embed_tokens.weight.dtype == torch.bfloat16 and ckpt.meta["hf"]["dtype"] == "bfloat16"
+    ref = tf.AutoModelForCausalLM.from_pretrained(tmp_path / "bf" / "hf").eval()
+    assert ref.model.embed_tokens.weight.dtype == torch.bfloat16
+    tokens, mask = ctx.prompts([[0, 1, 2], [3], [4, 5]])
+    ref.float(), ctx.model.float()  # the same bf16 values, scored in fp32: the round trip is exact
+    with torch.no_grad():
+        theirs = ref(input_ids=tokens, attention_mask=mask.long()).logits
+        ours = ctx.model.lm_head(ctx.model.hidden_states(tokens, mask))
+    torch.testing.assert_close(ours[mask], theirs[mask], atol=1e-4, rtol=1e-4)

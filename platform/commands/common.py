@@ -72,3 +72,16 @@ def command_hint(*argv: str) -> str:
     import shlex
 
     return shlex.join(argv)
+
+
+SID_PATTERN_HELP = (
+    "How SID tokens are spelled: lcrec (<a_N><b_N>...), openonerec (<s_a_N>...), or a template such as "
+    "'<{level}_{code}>' / '<L{level}_{code}>'."
+)
+
+
+def sid_pattern_option(note: str = ""):
+    """--sid-pattern, declared once for `genrec model import hf` and `genrec train --init hf:DIR`."""
+    import typer
+
+    return typer.Option("--sid-pattern", help=f"{note} {SID_PATTERN_HELP}".strip())

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from genrec.platform.commands.common import sid_pattern_option
 from genrec.workloads.errors import UserInputError
 
 
@@ -61,8 +62,9 @@ def train_command(
         str | None,
         typer.Option(
             help="Start from a Hugging Face model. nezha / mtp: an imported checkpoint (`genrec model "
-            "import hf`); only the head trains, on its frozen backbone. next_item: hf:DIR, a pretrained "
-            "causal LM folder; the data set's SID tokens are added (LC-Rec style) and it is fine-tuned."
+            "import hf`) or hf:DIR (imported on first use with --data's items); only the head trains, on "
+            "its frozen backbone. next_item: hf:DIR, a pretrained causal LM folder; the data set's SID "
+            "tokens are added (--sid-pattern, LC-Rec's by default) and it is fine-tuned."
         ),
     ] = None,
     train_rows: Annotated[
@@ -73,6 +75,29 @@ def train_command(
             "and LM-head rows).",
         ),
     ] = "all",
+    init_sid_pattern: Annotated[
+        str | None,
+        sid_pattern_option(
+            "With --init hf:DIR: the SID tokens to add (next_item) or to find (nezha / mtp; default: the "
+            "preset the tokenizer holds)."
+        ),
+    ] = None,
+    init_dtype: Annotated[
+        str | None,
+        typer.Option(
+            "--dtype",
+            help="With --init hf:DIR (next_item): bfloat16 runs forward and backward under bf16 autocast "
+            "(CPU or CUDA), float32 without; master weights stay fp32 (default: autocast on CUDA only).",
+        ),
+    ] = None,
+    init_save_dtype: Annotated[
+        str | None,
+        typer.Option(
+            "--save-dtype",
+            help="With --init hf:DIR (next_item): float32, bfloat16 or float16 for the saved model and its "
+            "HF export (default: the dtype the HF checkpoint was stored in).",
+        ),
+    ] = None,
     target: Annotated[
         Path | None, typer.Option(help="AtSpeed drafts: the target checkpoint the draft aligns to.")
     ] = None,
@@ -139,10 +164,13 @@ def train_command(
         all_steps=all_steps,
         init=init or "",
         train_rows=train_rows,
+        init_sid_pattern=init_sid_pattern or "",
+        init_dtype=init_dtype or "",
+        init_save_dtype=init_save_dtype or "",
     )
     result = train(data, out, cfg, progress=not quiet)
     typer.echo(
-        f"trained {model}: best val loss {result.best_val_loss:.4f} at epoch {result.best_epoch} "
+        f"trained {init or model}: best val loss {result.best_val_loss:.4f} at epoch {result.best_epoch} "
         f"({result.epochs_run} epochs, {result.steps} steps, {result.seconds:.0f} s) -> {result.path}"
     )
 
@@ -186,7 +214,13 @@ def check_train_output(out: Path, overwrite: bool, device: str) -> None:
 
 
 def eval_command(
-    model: Annotated[Path, typer.Option(help="Checkpoint folder from `genrec train`.")],
+    model: Annotated[
+        Path,
+        typer.Option(
+            help="Checkpoint folder from `genrec train` or `genrec model import hf`, or hf:DIR, a Hugging "
+            "Face folder imported on first use with --data's items (cached; README: Bring your own model)."
+        ),
+    ],
     decoder: Annotated[str, typer.Option(help="Registered decoder name (see `genrec decoders`).")] = "beam",
     beam_width: Annotated[
         int | None, typer.Option(help="Beam width (decoders that have one); short for --param beam_width=N.")
@@ -208,7 +242,7 @@ def eval_command(
         Path | None,
         typer.Option(
             help="Draft model for AtSpeed decoders (atspeed_*): a smaller checkpoint on the same codec, "
-            "e.g. any next_item checkpoint of `genrec train --model tiny` on the same dataset."
+            "e.g. any next_item checkpoint of `genrec train --model tiny` on the same dataset, or hf:DIR."
         ),
     ] = None,
     split: Annotated[str, typer.Option(help="valid or test.")] = "test",
@@ -236,6 +270,7 @@ def eval_command(
     runs = decoder_runs(decoder, param, beam_width, baseline, ks)
     from genrec.platform.decoder_needs import check_decoder_fits
 
+    model, draft = resolve_models(model, draft, data)
     check_decoder_fits(decoder, model, draft is not None)  # e.g. beam on a NEZHA checkpoint: one line
     check_run_capabilities(runs, device, None)  # a backend the device cannot run: before loading
     ctx, ds, _ = load_context(model, data, device, draft_dir=draft)
@@ -258,6 +293,14 @@ def eval_command(
     print_eval_results(rows, ks, ds, split, model, draft, draft_name, all_params)
     if output:
         write_eval_rows(output, rows)
+
+
+def resolve_models(model: Path, draft: Path | None, data: Path | None) -> tuple[Path, Path | None]:
+    """--model / --draft as checkpoint folders: hf:DIR imported (or found) in the cache, --data's items."""
+    from genrec.workloads.models.hf_cache import resolve_model
+
+    model = resolve_model(str(model), data)
+    return model, None if draft is None else resolve_model(str(draft), data, role="--draft")
 
 
 def check_eval_options(

@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from genrec.platform.commands.common import sid_pattern_option
+
 app = typer.Typer(help="Models brought from elsewhere, imported as genrec checkpoints.", no_args_is_help=True)
 import_app = typer.Typer(help="Import a model into a genrec checkpoint folder.", no_args_is_help=True)
 app.add_typer(import_app, name="import")
@@ -28,13 +30,7 @@ def import_hf_command(
         ),
     ],
     out: Annotated[Path, typer.Option(help="Checkpoint folder to write, e.g. runs/models/NAME.")],
-    sid_pattern: Annotated[
-        str,
-        typer.Option(
-            help="How SID tokens are spelled: lcrec (<a_N><b_N>...), openonerec (<s_a_N>...), or a "
-            "template such as '<{level}_{code}>' / '<L{level}_{code}>'."
-        ),
-    ] = "lcrec",
+    sid_pattern: Annotated[str, sid_pattern_option()] = "lcrec",
     prompt_template: Annotated[
         Path | None,
         typer.Option(

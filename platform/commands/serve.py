@@ -17,7 +17,11 @@ from genrec.workloads.errors import UserInputError
 
 def serve_command(
     model: Annotated[
-        Path | None, typer.Option(help="Checkpoint folder (overrides args.model of --config).")
+        Path | None,
+        typer.Option(
+            help="Checkpoint folder, or hf:DIR (a Hugging Face folder imported on first use with the "
+            "data set's items); overrides args.model of --config."
+        ),
     ] = None,
     config: Annotated[
         Path | None,
@@ -28,7 +32,7 @@ def serve_command(
         Path | None,
         typer.Option(
             help="Draft model for AtSpeed decoders (atspeed_*): a checkpoint on the model's codec "
-            "(overrides args.draft of --config)."
+            "or hf:DIR (overrides args.draft of --config)."
         ),
     ] = None,
     ranking: Annotated[
@@ -87,6 +91,7 @@ def serve_command(
     }
     if overrides["decoders"]:  # keep defaults only for decoders still served (the file's, or built-in)
         args["defaults"] = served_defaults(args, overrides["decoders"])
+    resolve_served_models(args, overrides)
     cfg = serve_config_from(args, overrides)
     http = http_settings(file, host, port, ingress)
     check_decoders_fit(cfg)  # eval's one line, in well under a second: before anything loads
@@ -94,6 +99,18 @@ def serve_command(
     print_starting(cfg)
     check_before_start(cfg, http, ray_address)  # bad files, device or ingress: exit 2 before Ray starts
     serve_until_stopped(cfg, http, ray_address, num_cpus)
+
+
+def resolve_served_models(args: dict, overrides: dict) -> None:
+    """hf:DIR as model or draft (flag or config file) -> its cached import, before paths turn absolute;
+    the items' SIDs come from --data / args.data (workloads/models/hf_cache.py)."""
+    from genrec.workloads.models.hf_cache import is_hf_spec, resolve_model
+
+    data = overrides["data"] or args.get("data")
+    for key in ("model", "draft"):
+        given = overrides[key] if overrides[key] is not None else args.get(key)
+        if is_hf_spec(given):
+            overrides[key] = str(resolve_model(given, data, role=f"--{key} (or args.{key})"))
 
 
 def check_decoders_fit(cfg) -> None:

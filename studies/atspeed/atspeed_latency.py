@@ -28,7 +28,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from genrec.studies.common.options import REQUIRED, add_shared_options
+from genrec.studies.common.options import REQUIRED, add_shared_options, resolve_model_flags
 from genrec.workloads.decoding.base import DecoderContext, DecodeResult, get_decoder, make_params
 from genrec.workloads.decoding.beam_core import finish_beams
 from genrec.workloads.errors import UserInputError, run_main
@@ -205,6 +205,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    resolve_model_flags(args)
     ctx, ds, _ = load_context(args.model, args.data, args.device, draft_dir=args.draft)
     examples = ds.eval_examples("test")[: args.users]
     if not examples:

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from genrec.studies.common.options import REQUIRED, add_shared_options
+from genrec.studies.common.options import REQUIRED, add_shared_options, resolve_model_flags
 from genrec.workloads.data.dataset import Dataset
 from genrec.workloads.decoding.base import DecoderContext, DecodeResult, get_decoder, make_params
 from genrec.workloads.decoding.hf_beam import REAL_SCORE, generate_sid_beams
@@ -315,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.threads:
             torch.set_num_threads(args.threads)
+        resolve_model_flags(args)
         ctx, ds, ckpt = load_context(args.model, args.data, args.device)
         torch.manual_seed(0)
         histories = user_histories(ds, args.users)

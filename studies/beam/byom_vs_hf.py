@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from genrec.studies.common.options import add_shared_options, resolve_model_flags
 from genrec.workloads.decoding.base import DecodeResult, get_decoder, make_params
 from genrec.workloads.evaluation import load_imported_context
 
@@ -42,7 +43,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m genrec.studies.beam.byom_vs_hf", description=__doc__.split("\n")[0]
     )
-    p.add_argument("--model", required=True, help="checkpoint folder from `genrec model import hf`")
+    p.add_argument("--model", required=True, help="folder from `genrec model import hf`, or hf:DIR")
+    data_help = "with --model hf:DIR: the data set whose items' SIDs the import reads"
+    add_shared_options(p, {"data": data_help}, data=None)
     p.add_argument("--beam-width", type=int, default=20)
     p.add_argument("--k", type=int, default=10, help="SIDs returned per user (<= beam width)")
     p.add_argument("--users", type=int, default=64)
@@ -173,6 +176,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    resolve_model_flags(args)
     ctx, ckpt = load_imported_context(args.model, args.device)
     hist = random_histories(len(ctx.item_codes), args.users, args.history, args.seed)
     batches = [hist[i : i + args.batch_size] for i in range(0, len(hist), args.batch_size)]

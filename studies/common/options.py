@@ -26,7 +26,9 @@ class SharedFlag:
 
 SHARED_FLAGS: dict[str, SharedFlag] = {
     "data": SharedFlag(str, "dataset folder (genrec data synth / import --out)"),
-    "model": SharedFlag(str, "checkpoint folder (genrec train --out)"),
+    "model": SharedFlag(
+        str, "checkpoint folder (genrec train --out), or hf:DIR: a Hugging Face folder imported on first use"
+    ),
     "device": SharedFlag(str, "cpu, cuda or auto"),
     "threads": SharedFlag(int, "torch intra-op threads (0 = leave as is)"),
     "seed": SharedFlag(int, "random seed"),
@@ -56,3 +58,15 @@ def add_shared_options(
             p.add_argument(opt, type=flag.type, required=True, help=text)
         else:
             p.add_argument(opt, type=flag.type, default=default, help=text)
+
+
+def resolve_model_flags(args: argparse.Namespace, *names: str) -> None:
+    """hf:DIR in the named flags (default: model, and draft where the driver has one) -> its cached
+    import with --data's items, by the one rule of genrec.workloads.models.hf_cache (a bad hf: path is
+    a UserInputError: run_main prints its line and exits 2)."""
+    from genrec.workloads.models.hf_cache import is_hf_spec, resolve_model
+
+    for name in names or ("model", "draft"):
+        value = getattr(args, name, None)
+        if is_hf_spec(value):
+            setattr(args, name, str(resolve_model(value, getattr(args, "data", None), role=f"--{name}")))

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from genrec.studies.common.options import REQUIRED, add_shared_options
+from genrec.studies.common.options import REQUIRED, add_shared_options, resolve_model_flags
 from genrec.workloads.data.dataset import Dataset, EvalExample
 from genrec.workloads.decoding.base import Decoder, DecoderContext, get_decoder, make_params
 from genrec.workloads.decoding.params import DecoderParams
@@ -108,6 +108,7 @@ def random_guess_metrics(
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
+    resolve_model_flags(args)
     ctx, ds, _ = load_context(args.model, args.data, args.device)
     cold = np.flatnonzero(ctx.popularity == 0)
     examples = cold_target_examples(ds, cold, args.max_users)

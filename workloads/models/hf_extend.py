@@ -101,6 +101,8 @@ def export_hf_folder(
     state = {k if k == "lm_head.weight" else f"model.{k}": v for k, v in model_tensors(model).items()}
     config = json.loads((Path(hf_config) / "config.json").read_text(encoding="utf-8"))
     config["vocab_size"] = model.config.vocab_size
+    dtype = str(model.embed_tokens.weight.dtype).removeprefix("torch.")  # what the weights now are
+    config["dtype" if "dtype" in config else "torch_dtype"] = dtype
     save_file(state, str(dst / "model.safetensors"), {"format": "pt"})
     (dst / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     shutil.copyfile(tokenizer, dst / "tokenizer.json")

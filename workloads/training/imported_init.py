@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from genrec.workloads.data.dataset import Dataset, load_dataset
 from genrec.workloads.errors import UserInputError
 from genrec.workloads.models.checkpoint import Checkpoint, load_checkpoint
+from genrec.workloads.models.hf_cache import HF_PREFIX, resolve_model
 from genrec.workloads.models.hf_checkpoint import (
     TOKENIZER_FILE,
     ImportedInputs,
@@ -52,8 +53,9 @@ from genrec.workloads.tokenize.prompt_template import TEMPLATE_FILE, PromptTempl
 from genrec.workloads.tokenize.sid_tokens import sid_pattern
 from genrec.workloads.training.nezha_objective import FrozenBackbone, HeadObjective, head_examples
 
-HF_PREFIX = "hf:"
 TRAIN_ROWS = ("all", "new-rows")
+COMPUTE_DTYPES = ("float32", "bfloat16")  # bfloat16: autocast over fp32 master weights
+SAVE_DTYPES = ("float32", "bfloat16", "float16")
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,7 @@ class InitModel:
     ckpt: Checkpoint
     inputs: ImportedInputs
     work: Path | None = None
+    save_dtype: torch.dtype | None = None  # from hf:DIR: the saved model's dtype (`--save-dtype`)
 
     @property
     def from_hf(self) -> bool:
@@ -82,20 +85,39 @@ class InitModel:
         return save_from_init(out, self, head, max_items, meta, item_codes)
 
 
-def init_problems(init: str, objective: str, train_rows: str) -> list[str]:
-    """TrainConfig.validate's part for --init / --train."""
-    problems = []
+def init_problems(cfg: Any) -> list[str]:
+    """TrainConfig.validate's part for --init, --train, --sid-pattern, --dtype and --save-dtype."""
+    init, objective, train_rows, problems = cfg.init, cfg.objective, cfg.train_rows, []
+    from_hf = init.startswith(HF_PREFIX)
     if train_rows not in TRAIN_ROWS:
         problems.append(f"--train must be one of {list(TRAIN_ROWS)}, got {train_rows!r}")
-    elif train_rows != "all" and not init.startswith(HF_PREFIX):
+    elif train_rows != "all" and not from_hf:
         problems.append("--train new-rows applies to --init hf:DIR (the rows its SID tokens add)")
-    if init.startswith(HF_PREFIX) and objective != "next_item":
-        problems.append(f"--init hf:DIR fine-tunes next_item; for a {objective} head import the model first")
-    elif init and not init.startswith(HF_PREFIX) and objective not in ("nezha", "mtp"):
+    if init and objective not in ("next_item", "nezha", "mtp"):
         problems.append(
-            f"--init MODEL (an imported checkpoint) trains a draft head on its frozen backbone; "
-            f"use --objective nezha or mtp, or --init hf:DIR to fine-tune, not {objective!r}"
+            f"--init trains next_item (from hf:DIR) or a nezha / mtp head (on an imported checkpoint "
+            f"or hf:DIR), not {objective!r}"
         )
+    elif init and not from_hf and objective == "next_item":
+        problems.append(
+            "--init MODEL (an imported checkpoint) trains a draft head on its frozen backbone; "
+            "use --objective nezha or mtp, or --init hf:DIR to fine-tune, not 'next_item'"
+        )
+    if cfg.init_sid_pattern and not from_hf:
+        problems.append("--sid-pattern applies to --init hf:DIR (an imported MODEL has its SID table)")
+    elif cfg.init_sid_pattern:
+        try:
+            sid_pattern(cfg.init_sid_pattern)
+        except UserInputError as e:
+            problems.append(f"--sid-pattern: {e}")
+    for flag, value, allowed in (
+        ("--dtype", cfg.init_dtype, COMPUTE_DTYPES),
+        ("--save-dtype", cfg.init_save_dtype, SAVE_DTYPES),
+    ):
+        if value and not (from_hf and objective == "next_item"):
+            problems.append(f"{flag} applies to --init hf:DIR with next_item (fine-tuning the LM)")
+        elif value and value not in allowed:
+            problems.append(f"{flag} must be one of {list(allowed)}, got {value!r}")
     return problems
 
 
@@ -110,26 +132,34 @@ def load_init(path: str | os.PathLike, device: torch.device, work: Path | None =
 
 
 def start(cfg: Any, data_dir: str | os.PathLike, out_dir: str | os.PathLike, device: torch.device):
-    """(cfg, InitModel) for a run with --init: per_example examples; an hf:DIR source extended by the
-    dataset's SID tokens and imported in a scratch folder beside `out_dir` first."""
+    """(cfg, InitModel) for a run with --init: per_example examples. A head trains on an imported
+    checkpoint (hf:DIR: its cached import, models/hf_cache.py); next_item extends hf:DIR by the
+    dataset's SID tokens and imports it in a scratch folder beside `out_dir` first."""
     cfg = replace(cfg, head_batching="per_example")
-    if not cfg.init.startswith(HF_PREFIX):
-        return cfg, load_init(cfg.init, device)
+    if cfg.objective != "next_item":
+        return cfg, load_init(
+            resolve_model(cfg.init, data_dir, "--init", cfg.init_sid_pattern or None), device
+        )
     from genrec.workloads.io import temp_sibling_dir
 
     src, work = Path(cfg.init[len(HF_PREFIX) :]), temp_sibling_dir(Path(out_dir))
+    # only the codes items use are added (LC-Rec's way), so any pattern may leave codes without a token
+    pattern = sid_pattern(cfg.init_sid_pattern or "lcrec", allow_gaps=True)
     try:
         codes = load_dataset(data_dir).item_codes()
-        extend_hf_folder(src, work / "hf", codes, sid_pattern("lcrec"))
-        index = {
-            str(i): [sid_pattern("lcrec").token(l, int(c)) for l, c in enumerate(row)]
-            for i, row in enumerate(codes)
-        }
+        extend_hf_folder(src, work / "hf", codes, pattern)
+        index = {str(i): [pattern.token(l, int(c)) for l, c in enumerate(row)] for i, row in enumerate(codes)}
         (work / "index.json").write_text(json.dumps(index))
-        import_hf_checkpoint(work / "hf", work / "index.json", work / "init", max_items=cfg.max_items)
+        import_hf_checkpoint(
+            work / "hf", work / "index.json", work / "init", pattern, max_items=cfg.max_items
+        )
         if cfg.train_rows == "new-rows":  # decoupled decay would move the frozen rows too
             cfg = replace(cfg, weight_decay=0.0)
-        return cfg, load_init(work / "init", device, work)
+        init = load_init(work / "init", device, work)
+        stored = init.ckpt.model.embed_tokens.weight.dtype  # the HF checkpoint's dtype (import keeps it)
+        save = getattr(torch, cfg.init_save_dtype) if cfg.init_save_dtype else stored
+        init.ckpt.model.float()  # master weights in fp32 whatever the checkpoint holds
+        return cfg, replace(init, save_dtype=save)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
@@ -154,8 +184,9 @@ def init_objective(cfg: Any, data: Any, device: torch.device, autocast: bool):
     """The objective of a run with --init: a head on the frozen backbone, or next-item fine-tuning."""
     codes = data.ds.item_codes()
     if data.init.from_hf:
+        bf16 = cfg.init_dtype == "bfloat16" or (not cfg.init_dtype and autocast)  # --dtype, else CUDA's
         return NextItemOnImported(
-            data.init, codes, data.item_tokens, data.seqs, data.val_windows, cfg, device
+            data.init, codes, data.item_tokens, data.seqs, data.val_windows, cfg, device, bf16
         )
     frozen = frozen_backbone(data.init, codes, cfg.max_items)
     return HeadObjective(
@@ -170,8 +201,11 @@ class NextItemOnImported:
 
     head = None
 
-    def __init__(self, init: InitModel, item_codes, item_tokens, seqs, val_windows, cfg, device) -> None:
+    def __init__(
+        self, init: InitModel, item_codes, item_tokens, seqs, val_windows, cfg, device, bf16: bool = False
+    ) -> None:
         self.init, self.item_codes, self.item_tokens = init, np.asarray(item_codes), item_tokens
+        self.bf16 = bf16  # forward and backward under bf16 autocast; the weights stay fp32
         self.max_items, self.device, self.model = cfg.max_items, device, init.ckpt.model
         self.examples = head_examples(seqs, cfg.max_items)
         self.val_examples = [(list(w[:-1]), int(w[-1])) for w in val_windows]
@@ -198,7 +232,8 @@ class NextItemOnImported:
         """[N, L] cross-entropy of each target SID token."""
         tokens, mask, labels = self.batch(pairs)
         sel = labels != IGNORE
-        logits = self.model.lm_head(self.model.hidden_states(tokens, mask)[sel]).float()
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+            logits = self.model.lm_head(self.model.hidden_states(tokens, mask)[sel]).float()
         return F.cross_entropy(logits, labels[sel], reduction="none").view(len(pairs), -1)
 
     def loss(self, batch_idx: np.ndarray) -> torch.Tensor:
@@ -249,8 +284,10 @@ def save_from_init(
 ) -> Path:
     """The model (+ head) with its tokenizer, template and the items, atomically; from hf:DIR also the
     HF export in hf/."""
-    if init.from_hf:  # hf_beam runs transformers on the export of this very model
-        meta = meta | {"hf": meta["hf"] | {"path": str(Path(out).resolve() / "hf")}}
+    if init.from_hf:  # hf_beam runs transformers on the export of this very model, in the saved dtype
+        init.ckpt.model.to(init.save_dtype or torch.float32)
+        dtype = str(init.save_dtype or torch.float32).removeprefix("torch.")
+        meta = meta | {"hf": meta["hf"] | {"path": str(Path(out).resolve() / "hf"), "dtype": dtype}}
     ckpt = Checkpoint(init.ckpt.model, init.ckpt.codec, max_items, meta, head=head)
     template = PromptTemplate.load(init.folder / TEMPLATE_FILE)
     tokenizer = init.folder / TOKENIZER_FILE

@@ -92,6 +92,11 @@ class TrainConfig:
     # all weights or (`train_rows="new-rows"`) the SID rows only (training/imported_init.py)
     init: str = ""
     train_rows: str = "all"
+    # with "hf:DIR": the SID pattern ("" = lcrec to add, the tokenizer's preset to find), the compute
+    # dtype ("bfloat16" = autocast, fp32 master weights) and the saved dtype ("" = the stored one)
+    init_sid_pattern: str = ""
+    init_dtype: str = ""
+    init_save_dtype: str = ""
 
     def validate(self) -> None:
         problems = []
@@ -117,10 +122,11 @@ class TrainConfig:
         if self.head_batching not in HEAD_BATCHING:
             problems.append(f"head_batching must be one of {list(HEAD_BATCHING)}, got {self.head_batching!r}")
         problems += self.alignment_problems()
-        if self.init or self.train_rows != "all":
+        init_flags = (self.train_rows != "all", self.init_sid_pattern, self.init_dtype, self.init_save_dtype)
+        if self.init or any(init_flags):
             from genrec.workloads.training.imported_init import init_problems
 
-            problems += init_problems(self.init, self.objective, self.train_rows)
+            problems += init_problems(self)
         if self.device == "cuda" and not torch.cuda.is_available():
             problems.append("device cuda asked for, but no CUDA device is available; use --device cpu")
         if problems:
