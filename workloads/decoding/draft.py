@@ -89,9 +89,9 @@ def load_draft(
     than its target is allowed (odd, but a valid experiment)."""
     checkpoint_codebook_sizes(draft_dir)  # a missing or foreign folder gets the draft's own message
     draft = load_checkpoint(draft_dir, target.model.device)
-    check_same_codec(draft_dir, draft.codec.codebook_sizes, target_dir, target.codec.codebook_sizes)
     if target.codec.token_table is not None and draft.codec.is_level_offset and "imported" not in draft.meta:
         return _own_draft_of_imported(draft, draft_dir, target, target_dir)
+    check_same_codec(draft_dir, draft.codec.codebook_sizes, target_dir, target.codec.codebook_sizes)
     if draft.codec.token_table != target.codec.token_table:  # imported: the same SID token ids, too
         raise UserInputError(
             f"draft {draft_dir} spells SIDs with other token ids than the model {target_dir}; use a draft "
@@ -117,6 +117,12 @@ def _own_draft_of_imported(
     draft: Checkpoint, draft_dir: str | os.PathLike, target: Checkpoint, target_dir: str | os.PathLike
 ) -> tuple[GRTransformer, SIDCodec]:
     """A draft of ours beside an imported target: same codes (sizes checked), own ids and prompts."""
+    if draft.codec.codebook_sizes != target.codec.codebook_sizes:
+        raise UserInputError(
+            f"draft {draft_dir} has codebook sizes {list(draft.codec.codebook_sizes)}, but the model "
+            f"{target_dir}'s SID table has {list(target.codec.codebook_sizes)}; train the draft on the "
+            f"table's codes: `genrec train --objective atspeed_s --target {target_dir} ...` (alpha 0: SFT)"
+        )
     need = max_prompt_len(draft.codec.levels, target.max_items + 1)  # its prompt and the SID it drafts
     if draft.model.config.max_seq_len < need:
         raise UserInputError(
