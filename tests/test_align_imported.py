@@ -261,3 +261,12 @@ def test_no_ca_is_refused_for_an_imported_target(world, capsys, tmp_path):
     code, _, err = run_cli(args + FAST, capsys)
     assert code == 2 and len(err.strip().splitlines()) == 1 and "--no-ca" in err, err
     assert not (tmp_path / "x").exists()
+
+
+def test_a_mixture_teacher_with_our_draft_of_an_import_is_refused(world, capsys, tmp_path):
+    """Token-by-token mixing needs one vocabulary and one prompt: refused whatever the vocab sizes."""
+    args = ["atspeed", "teacher", "--target", str(world / "m"), "--data", str(world / "d"), "--k", "5"]
+    args += ["--mix-draft", str(world / "sft"), "--out", str(tmp_path / "mix.parquet"), "--quiet"]
+    code, _, err = run_cli(args, capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "--mix-draft" in err, err
+    assert not (tmp_path / "mix.parquet").exists()
