@@ -270,3 +270,10 @@ def test_a_mixture_teacher_with_our_draft_of_an_import_is_refused(world, capsys,
     code, _, err = run_cli(args, capsys)
     assert code == 2 and len(err.strip().splitlines()) == 1 and "--mix-draft" in err, err
     assert not (tmp_path / "mix.parquet").exists()
+
+
+def test_level_softmax_needs_an_imported_target(world, capsys, tmp_path):
+    args = ["train", "--objective", "wordkd", "--target", str(world / "sft"), "--level-softmax"]
+    code, _, err = run_cli(args + ["--data", str(world / "d"), "--out", str(tmp_path / "x"), *FAST], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "--level-softmax" in err, err
+    assert not (tmp_path / "x").exists()
