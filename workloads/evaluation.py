@@ -101,7 +101,7 @@ def load_context(
             f"dataset {data_dir} has codebook sizes {ds.codec.codebook_sizes}, but the model was trained "
             f"for {ckpt.codec.codebook_sizes}; evaluate on the dataset the model was trained on"
         )
-    draft = load_draft(draft_dir, ckpt, model_dir) if draft_dir is not None else None
+    draft, draft_codec = load_draft(draft_dir, ckpt, model_dir) if draft_dir is not None else (None, None)
     ctx = DecoderContext(
         ckpt.model,
         ckpt.codec,
@@ -111,6 +111,7 @@ def load_context(
         ckpt.head,
         draft_model=draft,
         imported=imported_inputs(ckpt) if is_imported(ckpt) else None,
+        draft_codec=draft_codec,
     )
     return ctx, ds, ckpt
 
@@ -139,11 +140,12 @@ def load_imported_context(
     if not is_imported(ckpt):
         fix = "import one with `genrec model import hf` (or use load_context for our checkpoints)"
         raise UserInputError(f"{model_dir}: not an imported checkpoint; {fix}")
-    draft = load_draft(draft_dir, ckpt, model_dir) if draft_dir is not None else None
+    draft, draft_codec = load_draft(draft_dir, ckpt, model_dir) if draft_dir is not None else (None, None)
     codes = imported_item_codes(ckpt)
     ctx = DecoderContext(
-        ckpt.model, ckpt.codec, codes, ckpt.max_items, popularity, ckpt.head, draft, imported_inputs(ckpt)
-    )
+        ckpt.model, ckpt.codec, codes, ckpt.max_items, popularity, ckpt.head, draft, imported_inputs(ckpt),
+        draft_codec,
+    )  # fmt: skip
     return ctx, ckpt
 
 

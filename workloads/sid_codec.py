@@ -25,7 +25,7 @@ from functools import cached_property
 import numpy as np
 import torch
 
-from genrec.workloads.sid_table import SIDTokenTable
+from genrec.workloads.sid_table import NO_TOKEN, SIDTokenTable
 
 # Special tokens. The NEZHA placeholder tokens <SP_1>..<SP_L> are reserved from the start so the
 # vocabulary (and therefore a checkpoint's embedding table) does not change between decoders.
@@ -244,6 +244,25 @@ class SIDCodec:
     def from_dict(cls, d: dict) -> SIDCodec:
         table = d.get("token_table")
         return cls(tuple(d["codebook_sizes"]), None if table is None else SIDTokenTable.from_dict(table))
+
+
+def codec_with_gaps_of(codec: SIDCodec, table: SIDTokenTable) -> SIDCodec:
+    """`codec` (one of our level-offset drafts) with the codes `table` has no token for removed: the
+    codec an AtSpeed draft of ours scores with beside an imported target (its token ids, the target's
+    code space). A code without a token in the target can never be in its beams, so the draft must not
+    spend a beam on it either (it scores -inf, as in the target). Without gaps: `codec` unchanged."""
+    if codec.codebook_sizes != table.codebook_sizes:
+        raise ValueError(
+            f"codebook sizes {codec.codebook_sizes} differ from the table's {table.codebook_sizes}"
+        )
+    if not table.has_gaps:
+        return codec
+    own = codec.table
+    ids = tuple(
+        tuple(NO_TOKEN if theirs == NO_TOKEN else mine for mine, theirs in zip(own.ids[l], table.ids[l]))
+        for l in range(codec.levels)
+    )
+    return SIDCodec(codec.codebook_sizes, SIDTokenTable(ids, codec.vocab_size))
 
 
 def resolve_collisions(codes: np.ndarray) -> tuple[np.ndarray, dict]:

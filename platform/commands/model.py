@@ -99,7 +99,12 @@ def train_command(
         ),
     ] = None,
     target: Annotated[
-        Path | None, typer.Option(help="AtSpeed drafts: the target checkpoint the draft aligns to.")
+        Path | None,
+        typer.Option(
+            help="AtSpeed drafts: the target checkpoint the draft aligns to; one of ours, or an imported "
+            "one (`genrec model import hf`): the draft is then ours on its SID table's codes, the target "
+            "read on its own template prompts."
+        ),
     ] = None,
     teacher: Annotated[
         Path | None,
@@ -123,6 +128,14 @@ def train_command(
             "--all-steps",
             help="seqkd / atspeed_s / atspeed_r: also align on the target's beam after every SID level "
             "(the paper's Table 5 'w/ AD'); needs a teacher file built with --all-steps.",
+        ),
+    ] = False,
+    level_softmax: Annotated[
+        bool,
+        typer.Option(
+            "--level-softmax",
+            help="AtSpeed drafts of an imported --target: align to its per-level softmax over the level's "
+            "tokens (decode with --param level_softmax=true) instead of its full-vocabulary log-softmax.",
         ),
     ] = False,
     quiet: Annotated[
@@ -162,6 +175,7 @@ def train_command(
         no_ca=no_ca,
         top1=top1,
         all_steps=all_steps,
+        level_softmax=level_softmax,
         init=init or "",
         train_rows=train_rows,
         init_sid_pattern=init_sid_pattern or "",

@@ -108,6 +108,7 @@ class DecodeRun:
     params: AtSpeedParams
     relaxed: bool
     codec: SIDCodec
+    draft_codec: SIDCodec  # the draft's ids (codes are shared: a draft of ours beside an imported target)
     processors: list[LevelProcessor]
     gen: torch.Generator  # relaxed: the draft's sampling and the accept / resample draws
     timer: PhaseTimer
@@ -123,7 +124,7 @@ def draft_levels(
 
     Returns the levels' choices, the draft's log-probabilities of the decided beams [G, w] and the
     number of draft calls."""
-    m, codec, processors = run.models, run.codec, run.processors
+    m, codec, processors = run.models, run.draft_codec, run.processors
     width, attention = run.params.draft_beams, run.params.attention
     g, w, t = committed.shape
     prompt = m.draft_prompt.prompt_of(users)
@@ -208,14 +209,15 @@ def atspeed_decode(
     timer = PhaseTimer(ctx.device)
     tokens, mask = timed_prompts(ctx, histories, timer)
     with timer.phase("system"):
+        d_tokens, d_mask = (tokens, mask) if ctx.draft_codec is None else ctx.draft_prompts(histories)
         processors = (
             [ConstraintProcessor(ctx.constraints.mask_backend(p, ctx.device))] if p.constrained else []
         )
         gen = torch.Generator(device=ctx.device).manual_seed(p.seed)
     with timer.phase("prefill"):
-        t_out, d_out = ctx.model.prefill(tokens, mask), draft.prefill(tokens, mask)
+        t_out, d_out = ctx.model.prefill(tokens, mask), draft.prefill(d_tokens, d_mask)
     models = Models(ctx.model, draft, t_out.logits, d_out.logits, t_out.cache, d_out.cache)
-    run = DecodeRun(models, p, relaxed, codec, processors, gen, timer, Counters())
+    run = DecodeRun(models, p, relaxed, codec, ctx.draft_scoring_codec, processors, gen, timer, Counters())
     b = tokens.shape[0]
     codes = torch.zeros(b, k, levels, dtype=torch.long, device=ctx.device)
     scores = torch.zeros(b, k, device=ctx.device)

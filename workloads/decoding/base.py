@@ -82,16 +82,24 @@ class DecoderContext:
     draft_model: GRTransformer | None = None  # AtSpeed's draft: a smaller model on the same codec
     # an imported HF checkpoint's prompting (its template + tokenizer) and origin; None for our models
     imported: ImportedInputs | None = None
+    # AtSpeed's draft when it is one of ours beside an imported target: the codec it scores with (its own
+    # level-offset ids, the target's code space) and its BOS + SID prompts; None: the draft shares the
+    # target's codec and prompts
+    draft_codec: SIDCodec | None = None
     item_tokens: np.ndarray = field(init=False)
     index: ItemIndex = field(init=False)
     constraints: ConstraintStore = field(init=False)  # constraint sets and their mask indexes
     # decode buffers (xGR's reuse) kept across requests; decoder objects are made per call, these outlive them
     buffers: BufferPool = field(init=False, default_factory=BufferPool, repr=False)
+    _draft_item_tokens: np.ndarray | None = field(init=False, default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.item_tokens = item_token_table(self.codec, self.item_codes)
         self.index = ItemIndex(self.codec, self.item_codes, self.device)
         self.constraints = ConstraintStore(self.codec, self.item_codes, self.popularity)
+        self._draft_item_tokens = (
+            None if self.draft_codec is None else item_token_table(self.draft_codec, self.item_codes)
+        )
 
     @property
     def device(self) -> torch.device:
@@ -108,6 +116,18 @@ class DecoderContext:
         from genrec.workloads.models.hf_checkpoint import imported_prompts
 
         return imported_prompts(self.imported, self.item_codes, histories, self.max_items, self.device)
+
+    @property
+    def draft_scoring_codec(self) -> SIDCodec:
+        """The codec the draft model scores and feeds SIDs with (module field `draft_codec`)."""
+        return self.codec if self.draft_codec is None else self.draft_codec
+
+    def draft_prompts(self, histories: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The draft model's prompts for the same users: the target's, or (a draft of ours beside an
+        imported target) BOS + the history's SID tokens in the draft's ids."""
+        if self._draft_item_tokens is None:
+            return self.prompts(histories)
+        return build_prompts(histories, self._draft_item_tokens, self.max_items, self.device)
 
 
 @dataclass

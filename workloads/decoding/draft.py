@@ -17,7 +17,9 @@ from genrec.workloads.decoding.base import DecoderContext, decoder_needs
 from genrec.workloads.decoding.needs import DRAFT_MODEL
 from genrec.workloads.errors import UserInputError
 from genrec.workloads.models.checkpoint import Checkpoint, load_checkpoint
+from genrec.workloads.models.inputs import max_prompt_len
 from genrec.workloads.models.transformer import GRTransformer
+from genrec.workloads.sid_codec import SIDCodec, codec_with_gaps_of
 
 
 def needs_draft(decoder_name: str) -> bool:
@@ -75,17 +77,26 @@ def check_same_codec(
 
 def load_draft(
     draft_dir: str | os.PathLike, target: Checkpoint, target_dir: str | os.PathLike
-) -> GRTransformer:
-    """Load a draft checkpoint on the target's device (eval mode) and check it fits the target: the same
-    codec and vocabulary, and a window that holds the target's prompts (decoders feed both the same
-    prompts). A draft larger than its target is allowed (odd, but a valid experiment)."""
+) -> tuple[GRTransformer, SIDCodec | None]:
+    """Load a draft checkpoint on the target's device (eval mode) and check it fits the target; returns
+    the model and the codec it decodes with when that is not the target's (`DecoderContext.draft_codec`).
+
+    The check compares SID code spaces, never raw vocabulary ids: a draft of ours beside one of ours
+    shares its codec and vocabulary; an imported draft beside an imported target spells SIDs with the
+    same token ids; a draft of ours beside an imported target (`genrec train --objective ... --target
+    IMPORTED`) has the target table's codebook sizes, its own level-offset ids and its own BOS + SID
+    prompts, and scores the target's gap codes -inf. Its window must hold those prompts. A draft larger
+    than its target is allowed (odd, but a valid experiment)."""
     checkpoint_codebook_sizes(draft_dir)  # a missing or foreign folder gets the draft's own message
     draft = load_checkpoint(draft_dir, target.model.device)
+    if target.codec.token_table is not None and draft.codec.is_level_offset and "imported" not in draft.meta:
+        return _own_draft_of_imported(draft, draft_dir, target, target_dir)
     check_same_codec(draft_dir, draft.codec.codebook_sizes, target_dir, target.codec.codebook_sizes)
     if draft.codec.token_table != target.codec.token_table:  # imported: the same SID token ids, too
         raise UserInputError(
             f"draft {draft_dir} spells SIDs with other token ids than the model {target_dir}; use a draft "
-            "whose tokenizer has the same SID tokens (import both with `genrec model import hf`)"
+            "whose tokenizer has the same SID tokens (import both with `genrec model import hf`), or one "
+            f"of ours on the same codes (`genrec train --objective ... --target {target_dir}`)"
         )
     d_cfg, t_cfg = draft.model.config, target.model.config
     if d_cfg.vocab_size != t_cfg.vocab_size:
@@ -99,4 +110,23 @@ def load_draft(
             f"but the model {target_dir} builds prompts of up to {t_cfg.max_seq_len} "
             f"({target.max_items} items); train the draft with --max-items {target.max_items} or more"
         )
-    return draft.model.eval()
+    return draft.model.eval(), None
+
+
+def _own_draft_of_imported(
+    draft: Checkpoint, draft_dir: str | os.PathLike, target: Checkpoint, target_dir: str | os.PathLike
+) -> tuple[GRTransformer, SIDCodec]:
+    """A draft of ours beside an imported target: same codes (sizes checked), own ids and prompts."""
+    if draft.codec.codebook_sizes != target.codec.codebook_sizes:
+        raise UserInputError(
+            f"draft {draft_dir} has codebook sizes {list(draft.codec.codebook_sizes)}, but the model "
+            f"{target_dir}'s SID table has {list(target.codec.codebook_sizes)}; train the draft on the "
+            f"table's codes: `genrec train --objective atspeed_s --target {target_dir} ...` (alpha 0: SFT)"
+        )
+    need = max_prompt_len(draft.codec.levels, target.max_items + 1)  # its prompt and the SID it drafts
+    if draft.model.config.max_seq_len < need:
+        raise UserInputError(
+            f"draft {draft_dir} reads at most {draft.max_items} history items, but the model {target_dir} "
+            f"prompts with {target.max_items}; train the draft with --max-items {target.max_items} or more"
+        )
+    return draft.model.eval(), codec_with_gaps_of(draft.codec, target.codec.table)

@@ -129,6 +129,11 @@ def mixture_context(ctx: DecoderContext, mix_lambda: float) -> DecoderContext:
             "mixture teacher data needs a draft model q; pass --mix-draft DIR (a checkpoint on the "
             "target's codec, e.g. the SFT draft)"
         )
+    if ctx.draft_codec is not None:  # a draft of ours beside an imported target: two vocabularies
+        raise UserInputError(
+            "--mix-draft mixes the two models token by token, which needs one vocabulary and one prompt; "
+            "the imported target and this draft of ours have their own: drop --mix-draft"
+        )
     model = MixtureModel(ctx.draft_model, ctx.model, mix_lambda)
     return DecoderContext(
         model,  # duck-typed: it answers the calls beam search makes on a GRTransformer

@@ -59,6 +59,12 @@ from genrec.workloads.training.align_sequences import (
     sequence_tokens,
 )
 from genrec.workloads.training.align_token_level import labelled_logits, token_levels, tvdkd_loss, wordkd_loss
+from genrec.workloads.training.imported_teacher import (
+    ImportedTeacher,
+    draft_codec_for_imported,
+    imported_target_table,
+    load_imported_teacher,
+)
 from genrec.workloads.training.teacher import TeacherData, check_teacher_matches, load_teacher
 from genrec.workloads.training.trainer import (
     ALIGN_OBJECTIVES,
@@ -69,7 +75,15 @@ from genrec.workloads.training.trainer import (
     target_loss,
 )
 
-__all__ = ["AlignFlags", "AlignObjective", "load_target", "mix_losses", "prepare_alignment"]
+__all__ = [
+    "AlignFlags",
+    "AlignObjective",
+    "alignment_codec",
+    "load_alignment_target",
+    "load_target",
+    "mix_losses",
+    "prepare_alignment",
+]
 
 
 @dataclass(frozen=True)
@@ -113,7 +127,7 @@ class AlignObjective:
         alpha: float,
         flags: AlignFlags,
         model: GRTransformer,
-        target: GRTransformer | None,
+        target: GRTransformer | OwnTarget | ImportedTeacher | None,
         teacher: TeacherData | None,
         codec: SIDCodec,
         item_tokens: np.ndarray,
@@ -130,6 +144,8 @@ class AlignObjective:
         if kind in SEQUENCE_OBJECTIVES and teacher is None:
             raise ValueError(f"{kind} needs teacher data")
         self.kind, self.alpha, self.flags = kind, alpha, flags
+        if isinstance(target, GRTransformer):  # one of ours, on the draft's own batches
+            target = OwnTarget(target)
         self.model, self.target, self.teacher = model, target, teacher
         self.codec, self.item_tokens, self.item_codes, self.windows = codec, item_tokens, item_codes, windows
         self.max_items, self.device, self.autocast = max_items, device, autocast
@@ -153,7 +169,7 @@ class AlignObjective:
         if self.kind in TOKEN_OBJECTIVES:
             draft, labels = labelled_logits(self.model, tok, mask, lab, self.autocast)
             with torch.no_grad():
-                target, _ = labelled_logits(self.target, tok, mask, lab, self.autocast)
+                target = self.target.token_logits(windows, tok, mask, lab, self.autocast)
             rec = F.cross_entropy(draft, labels)
             fn = wordkd_loss if self.kind == "wordkd" else tvdkd_loss
             align = fn(draft, target, token_levels(labels, self.codec), self.codec)
@@ -182,7 +198,7 @@ class AlignObjective:
         if self.kind == "seqkd":
             return context_tree_loss("seqkd", draft, None, tree, seqs, tokens, None)
         with torch.no_grad():
-            target = context_logits(self.target, tree, self.autocast)
+            target = self.target.context_logits(tree, prompts, seqs.codes, seqs.lengths, self.autocast)
         allowed = context_valid_mask(tree, self.codec, self.prefixes) if self.flags.constrained else None
         support = alignment_support(draft, allowed, k)
         return context_tree_loss(
@@ -210,8 +226,28 @@ class AlignObjective:
         return out
 
 
+@dataclass(frozen=True)
+class OwnTarget:
+    """One of our models as the target: it reads the draft's own batches (same codec and prompts)."""
+
+    model: GRTransformer
+
+    def token_logits(self, windows, tok: Tensor, mask: Tensor, lab: Tensor, autocast: bool) -> Tensor:
+        return labelled_logits(self.model, tok, mask, lab, autocast)[0]
+
+    def context_logits(self, tree, prompts, codes, lengths, autocast: bool) -> Tensor:
+        return context_logits(self.model, tree, autocast)
+
+
+def alignment_codec(cfg: TrainConfig, ds: Dataset) -> SIDCodec:
+    """The codec a draft trains on: the dataset's, or for an imported --target its SID table's code
+    space in our level-offset ids (imported_teacher.py); read from config.json, before the draft is built."""
+    table = imported_target_table(cfg.target) if cfg.objective in ALIGN_OBJECTIVES and cfg.target else None
+    return ds.codec if table is None else draft_codec_for_imported(table, ds, cfg.target)
+
+
 def load_target(path: str, codec: SIDCodec, max_items: int, device: torch.device) -> GRTransformer:
-    """The target model, frozen, checked to share the codec and to fit the draft's windows."""
+    """One of our target models, frozen, checked to share the codec and to fit the draft's windows."""
     ckpt = load_checkpoint(path, device)
     if ckpt.codec != codec:
         raise UserInputError(
@@ -226,22 +262,45 @@ def load_target(path: str, codec: SIDCodec, max_items: int, device: torch.device
     return ckpt.model.eval().requires_grad_(False)
 
 
+def load_alignment_target(
+    cfg: TrainConfig, ds: Dataset, codec: SIDCodec, device: torch.device
+) -> tuple[OwnTarget | ImportedTeacher, SIDCodec]:
+    """The --target of `cfg` as the objective reads it, and the codec it reads the draft with (for an
+    imported target: the draft's ids with the table's gap codes left out)."""
+    path = cfg.target
+    if imported_target_table(path) is None:
+        if cfg.level_softmax:
+            raise UserInputError(
+                f"--level-softmax scores an imported target's levels; --target {path} is one of ours: drop it"
+            )
+        return OwnTarget(load_target(path, codec, cfg.max_items, device)), codec
+    if cfg.no_ca:
+        raise UserInputError(
+            f"--no-ca aligns over the whole vocabulary, which the imported --target {path} does not "
+            "share with the draft; drop --no-ca (w/o CA needs a target of ours)"
+        )
+    ckpt = load_checkpoint(path, device)
+    teacher = load_imported_teacher(ckpt, ds, codec, cfg.max_items, cfg.level_softmax, path)
+    return teacher, teacher.draft_codec
+
+
 def prepare_alignment(
     cfg: TrainConfig,
     model: GRTransformer,
     ds: Dataset,
+    codec: SIDCodec,
     item_tokens: np.ndarray,
     windows: Sequence[tuple[Sequence[int], int]],
     device: torch.device,
     autocast: bool,
 ) -> tuple[AlignObjective, dict]:
-    """Load and check the target and teacher file of `cfg`; the objective and the checkpoint meta
-    (`target`, `teacher`, `alpha` and the ablation flags)."""
-    target = load_target(cfg.target, ds.codec, cfg.max_items, device) if cfg.target else None
+    """Load and check the target and teacher file of `cfg` (`codec`: the draft's, alignment_codec); the
+    objective and the checkpoint meta (`target`, `teacher`, `alpha` and the ablation flags)."""
+    target, objective_codec = load_alignment_target(cfg, ds, codec, device) if cfg.target else (None, codec)
     teacher, target_path = None, cfg.target
     if cfg.objective in SEQUENCE_OBJECTIVES:
         teacher = load_teacher(cfg.teacher)
-        check_teacher_matches(teacher, list(windows), ds.codec, ds.item_codes(), cfg.max_items, cfg.target)
+        check_teacher_matches(teacher, list(windows), codec, ds.item_codes(), cfg.max_items, cfg.target)
         target_path = target_path or teacher.manifest.get("target", "")  # SeqKD may name it via the file
     if cfg.all_steps and teacher is not None and teacher.step_codes is None:
         raise UserInputError(
@@ -252,8 +311,8 @@ def prepare_alignment(
         density_reg=not cfg.no_dr, constrained=not cfg.no_ca, top1=cfg.top1, all_steps=cfg.all_steps
     )
     objective = AlignObjective(
-        cfg.objective, cfg.alpha, flags, model, target, teacher, ds.codec, item_tokens, ds.item_codes(),
-        windows, cfg.max_items, device, autocast,
+        cfg.objective, cfg.alpha, flags, model, target, teacher, objective_codec, item_tokens,
+        ds.item_codes(), windows, cfg.max_items, device, autocast,
     )  # fmt: skip
     meta = {
         "target": str(Path(target_path).resolve()) if target_path else "",
@@ -261,6 +320,9 @@ def prepare_alignment(
         "align_flags": asdict(flags),
         "teacher": str(Path(cfg.teacher).resolve()) if teacher is not None else "",
     }
+    if isinstance(target, ImportedTeacher):  # what the draft was aligned to: the table's code space
+        meta["target_sid_table"] = target.codec.table.to_dict()
+        meta["teacher_level_softmax"] = cfg.level_softmax
     if teacher is not None:  # the kind is recorded, never branched on: beam, sample and mixture
         # files all hold K catalogue SIDs best first under the target, which is all the objectives read
         meta["teacher_k"], meta["teacher_kind"] = teacher.k, teacher.kind

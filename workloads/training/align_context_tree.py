@@ -80,21 +80,27 @@ def build_context_tree(
     prompts: Sequence[Sequence[int]],
     codes: np.ndarray,
     lengths: np.ndarray,
-    item_tokens: np.ndarray,
+    item_tokens: np.ndarray | None,
     codec: SIDCodec,
     max_items: int,
     device: torch.device | str = "cpu",
+    heads: Sequence[np.ndarray] | None = None,
+    pad: int = PAD,
 ) -> ContextTree:
     """The tree of the contexts of sequences codes [B, S, L] (codes past a sequence's length ignored),
-    lengths [S] (1..L), after each prompt (its last `max_items` items)."""
+    lengths [S] (1..L), after each prompt (its last `max_items` items). `heads` gives each row's prompt
+    tokens instead of [BOS] + its SID tokens (an imported target's template prompt; `pad` its padding):
+    the contexts depend on the codes alone, so they keep their slots."""
     b, _, levels = codes.shape
     if len(prompts) != b:
         raise ValueError(f"{len(prompts)} prompts for {b} rows of codes")
     rows = [row_contexts(codes[i], lengths, codec) for i in range(b)]
-    heads = [prompt_tokens(prompt, item_tokens, max_items, i) for i, prompt in enumerate(prompts)]
+    if heads is None:
+        assert item_tokens is not None
+        heads = [prompt_tokens(prompt, item_tokens, max_items, i) for i, prompt in enumerate(prompts)]
     n_ctx = max(len(r.length) for r in rows)
     width = max(len(h) + len(r.length) - 1 for h, r in zip(heads, rows))
-    tokens = np.full((b, width), PAD, dtype=np.int64)
+    tokens = np.full((b, width), pad, dtype=np.int64)
     positions = np.zeros((b, width), dtype=np.int64)
     mask = np.zeros((b, width, width), dtype=bool)
     state = np.zeros((b, n_ctx), dtype=np.int64)
@@ -131,12 +137,19 @@ def build_context_tree(
     )  # fmt: skip
 
 
+def context_hidden(model: GRTransformer, tree: ContextTree, autocast: bool = False) -> Tensor:
+    """[B, C, D] final hidden states predicting the next code at every context (one packed forward)."""
+    device = tree.tokens.device
+    with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=autocast):
+        hidden = model.hidden_states(tree.tokens, positions=tree.positions, attn_mask=tree.attn_mask)
+    return hidden.reshape(-1, hidden.shape[-1])[tree.state]
+
+
 def context_logits(model: GRTransformer, tree: ContextTree, autocast: bool = False) -> Tensor:
     """[B, C, V] float32 logits of the next code at every context, from one packed forward."""
     device = tree.tokens.device
     with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=autocast):
-        hidden = model.hidden_states(tree.tokens, positions=tree.positions, attn_mask=tree.attn_mask)
-        return model.lm_head(hidden.reshape(-1, hidden.shape[-1])[tree.state]).float()
+        return model.lm_head(context_hidden(model, tree, autocast)).float()
 
 
 def token_log_probs(logits: Tensor, tree: ContextTree, tokens: Tensor) -> Tensor:

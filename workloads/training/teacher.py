@@ -191,6 +191,7 @@ def build_teacher_data(
         logprobs.append(scores)
         steps.append(step)
     manifest = teacher_manifest(dataset, target_path, k, kind, seed, batch_size, max_items, len(examples))
+    manifest["codebook_sizes"] = list(ctx.codec.codebook_sizes)  # the target's codes (an import's table)
     if mixture is not None:
         draft = str(Path(mixture.draft_path).resolve()) if mixture.draft_path else ""
         manifest.update(mix_draft=draft, mix_lambda=mixture.mix_lambda)
@@ -307,7 +308,8 @@ def check_build_args(
         )
     if out_path.suffix != ".parquet":
         raise UserInputError(f"--out {out_path}: name a .parquet file")
-    if tuple(ds.codec.codebook_sizes) != tuple(ctx.codec.codebook_sizes):
+    if ctx.imported is None and tuple(ds.codec.codebook_sizes) != tuple(ctx.codec.codebook_sizes):
+        # (an imported target's SID table was checked to spell every item when the context loaded)
         raise UserInputError(
             f"dataset {ds.root} has codebook sizes {ds.codec.codebook_sizes}, the target "
             f"{ctx.codec.codebook_sizes}; build teacher data on the target's dataset"

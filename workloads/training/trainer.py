@@ -87,6 +87,7 @@ class TrainConfig:
     no_ca: bool = False  # w/o CA: align over the whole vocabulary (eq. 3)
     top1: bool = False  # w/o top-K: the teacher's top-1 SID only
     all_steps: bool = False  # w/ AD: the target's beam after every level too (Table 5; align_sequences.py)
+    level_softmax: bool = False  # an imported target's levels by their own softmax (imported_teacher.py)
     # an imported checkpoint folder (`genrec model import hf`): nezha / mtp train only a head on its
     # frozen backbone; "hf:DIR": next_item fine-tunes a pretrained LM given the data set's SID tokens,
     # all weights or (`train_rows="new-rows"`) the SID rows only (training/imported_init.py)
@@ -149,6 +150,8 @@ class TrainConfig:
         if self.top1 and o not in SEQUENCE_OBJECTIVES:
             names = " / ".join(SEQUENCE_OBJECTIVES)
             problems.append(f"--top1 (w/o top-K) applies to --objective {names} only")
+        if self.level_softmax and o not in TARGET_OBJECTIVES:
+            problems.append(f"--level-softmax reads a --target's levels: {list(TARGET_OBJECTIVES)} only")
         if self.all_steps and o not in SEQUENCE_OBJECTIVES:
             names = " / ".join(SEQUENCE_OBJECTIVES)
             problems.append(f"--all-steps (w/ AD) applies to --objective {names} only")
@@ -346,7 +349,9 @@ def _train(
 
 def _training_data(data_dir: str | os.PathLike, cfg: TrainConfig, init: Any = None) -> _TrainData:
     ds = load_dataset(data_dir)
-    codec = ds.codec
+    from genrec.workloads.training.align import alignment_codec  # (align imports this module)
+
+    codec = alignment_codec(cfg, ds)  # the dataset's, or an imported --target's code space
     if init is not None:  # the imported checkpoint's SID table spells the items (checked here)
         codec = init.codec_for(ds, data_dir)
     item_tokens = item_token_table(codec, ds.item_codes())
@@ -400,7 +405,7 @@ def _build_objective(
 
         # after the draft is built, so it starts from the weights a next_item run with this seed has
         align, align_meta = prepare_alignment(
-            cfg, model, data.ds, data.item_tokens, data.windows, device, autocast
+            cfg, model, data.ds, data.codec, data.item_tokens, data.windows, device, autocast
         )
     elif data.init is not None:
         from genrec.workloads.training.imported_init import init_objective
