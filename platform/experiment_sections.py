@@ -55,8 +55,8 @@ class TrainSpec(StrictModel):
     head_variant: str = "full"  # a NEZHA ablation: full | no_context | no_placeholder | add
     head_batching: str = "packed"  # packed | per_example (how a head objective batches its targets)
 
-    def to_train_config(self):  # -> genrec.workloads.training.trainer.TrainConfig (imported lazily)
-        from genrec.workloads.training.trainer import TrainConfig
+    def to_train_config(self):  # -> genrec.workloads.training.train_config.TrainConfig (imported lazily)
+        from genrec.workloads.training.train_config import TrainConfig
 
         return TrainConfig(
             model_size=self.size,

@@ -39,7 +39,8 @@ def synth_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(synth_dir, tmp_path_factory) -> Path:
-    from genrec.workloads.training.trainer import TrainConfig, train
+    from genrec.workloads.training.train_config import TrainConfig
+    from genrec.workloads.training.trainer import train
 
     out = tmp_path_factory.mktemp("models") / "tiny"
     train(

@@ -32,7 +32,8 @@ from genrec.workloads.training.teacher import (
     load_teacher,
     teacher_examples,
 )
-from genrec.workloads.training.trainer import TrainConfig, target_loss, train
+from genrec.workloads.training.train_config import TrainConfig
+from genrec.workloads.training.trainer import target_loss, train
 
 SIZES = (4, 3, 5)
 K = 3

@@ -27,7 +27,8 @@ from genrec.workloads.training.align_context_tree import build_context_tree, con
 from genrec.workloads.training.align_sequences import all_step_sequences
 from genrec.workloads.training.teacher import TeacherData, load_teacher
 from genrec.workloads.training.teacher_steps import MISSING, beam_with_steps, step_coverage
-from genrec.workloads.training.trainer import TrainConfig, train
+from genrec.workloads.training.train_config import TrainConfig
+from genrec.workloads.training.trainer import train
 
 K = 3
 

@@ -35,7 +35,7 @@ from genrec.workloads.models.checkpoint import load_checkpoint  # noqa: E402
 from genrec.workloads.training.align import AlignFlags, AlignObjective, alignment_codec  # noqa: E402
 from genrec.workloads.training.align_context_tree import build_context_tree  # noqa: E402
 from genrec.workloads.training.imported_teacher import load_imported_teacher  # noqa: E402
-from genrec.workloads.training.trainer import TrainConfig  # noqa: E402
+from genrec.workloads.training.train_config import TrainConfig  # noqa: E402
 
 LETTERS = "abc"
 FAST = ["--batch-size", "16", "--device", "cpu", "--quiet"]

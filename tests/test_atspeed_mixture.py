@@ -35,7 +35,8 @@ from genrec.workloads.training.teacher import (
     teacher_table,
     write_parquet_atomic,
 )
-from genrec.workloads.training.trainer import TrainConfig, train
+from genrec.workloads.training.train_config import TrainConfig
+from genrec.workloads.training.trainer import train
 
 K = 3
 HISTORIES = [[1, 2, 3], [4], [5, 6, 7, 8, 9], [0, 0]]

@@ -30,7 +30,8 @@ from genrec.workloads.models.nezha_head import (
 )
 from genrec.workloads.models.transformer import GRTransformer
 from genrec.workloads.sid_codec import SIDCodec
-from genrec.workloads.training.trainer import TrainConfig, train
+from genrec.workloads.training.train_config import TrainConfig
+from genrec.workloads.training.trainer import train
 
 DIM = 16
 # every head the decoders drive: NEZHA and its training-time ablations, and MTP

@@ -11,7 +11,7 @@ from genrec.platform.benchmarks import get_benchmark
 from genrec.studies.nezha.nezha_arms import ARMS, arm_point, checkpoint_dir
 from genrec.workloads.errors import UserInputError
 from genrec.workloads.metrics import paired_t_test_less
-from genrec.workloads.training.trainer import TrainConfig
+from genrec.workloads.training.train_config import TrainConfig
 
 QUICK = {"epochs": 1, "max_steps": 4, "batch_size": 32, "max_users": 16, "eval_batch_size": 8}
 

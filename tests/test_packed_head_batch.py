@@ -18,7 +18,7 @@ from genrec.workloads.models.transformer import GRTransformer
 from genrec.workloads.sid_codec import BOS, PAD, SIDCodec
 from genrec.workloads.training.nezha_objective import HeadObjective, head_examples
 from genrec.workloads.training.packed_head_batch import build_packed_head_batch, window_targets
-from genrec.workloads.training.trainer import TrainConfig
+from genrec.workloads.training.train_config import TrainConfig
 
 SIZES = (4, 3, 5)
 CODEC = SIDCodec(SIZES)

@@ -169,7 +169,8 @@ def test_genrec_decoders_lists_types_and_defaults(capsys):
 
 @pytest.fixture(scope="module")
 def nezha_model_dir(synth_dir, tmp_path_factory) -> Path:
-    from genrec.workloads.training.trainer import TrainConfig, train
+    from genrec.workloads.training.train_config import TrainConfig
+    from genrec.workloads.training.trainer import train
 
     out = tmp_path_factory.mktemp("models") / "nezha"
     cfg = TrainConfig(

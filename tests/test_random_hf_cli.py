@@ -20,7 +20,9 @@ def test_builds_an_importable_checkpoint(tmp_path):
     assert len(index) == 50 and len({tuple(v) for v in index.values()}) == 50  # distinct SIDs
     assert "{history}" in json.loads((out / "prompt.json").read_text())["text"]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # the build folder is gone
-    import_hf_checkpoint(out, out / "items.index.json", tmp_path / "imported", "lcrec", out / "prompt.json", None)
+    import_hf_checkpoint(
+        out, out / "items.index.json", tmp_path / "imported", "lcrec", out / "prompt.json", None
+    )
     assert (tmp_path / "imported").is_dir()
 
 

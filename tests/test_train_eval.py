@@ -11,7 +11,8 @@ from genrec.workloads.decoding.base import ItemIndex
 from genrec.workloads.errors import UserInputError
 from genrec.workloads.evaluation import EvalConfig, evaluate, load_context
 from genrec.workloads.models.checkpoint import load_checkpoint
-from genrec.workloads.training.trainer import TrainConfig, lr_at, train
+from genrec.workloads.training.train_config import TrainConfig
+from genrec.workloads.training.trainer import lr_at, train
 
 
 def test_training_lowers_validation_loss_and_keeps_the_best(tiny_model_dir):

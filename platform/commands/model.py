@@ -146,7 +146,8 @@ def train_command(
     ] = False,
 ) -> None:
     """Train the GR transformer on a dataset's train split (validation loss picks the best epoch)."""
-    from genrec.workloads.training.trainer import TrainConfig, train
+    from genrec.workloads.training.train_config import TrainConfig
+    from genrec.workloads.training.trainer import train
 
     check_train_options(
         epochs, batch_size, max_items, warmup_steps, patience, threads, max_steps, lr, weight_decay

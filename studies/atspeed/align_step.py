@@ -28,7 +28,7 @@ from genrec.workloads.models.transformer import GRTransformer
 from genrec.workloads.results import benchmark_summary
 from genrec.workloads.training.align import AlignFlags, AlignObjective, load_target
 from genrec.workloads.training.teacher import load_teacher
-from genrec.workloads.training.trainer import SEQUENCE_OBJECTIVES
+from genrec.workloads.training.train_config import SEQUENCE_OBJECTIVES
 
 MODULE = "genrec.studies.atspeed.align_step"
 

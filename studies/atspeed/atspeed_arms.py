@@ -35,7 +35,7 @@ import torch
 from genrec.studies.nezha.nezha_arms import ensure_trained
 from genrec.workloads.errors import UserInputError
 from genrec.workloads.training.align_sequence_level import ATSPEED_S_READING
-from genrec.workloads.training.trainer import TrainConfig
+from genrec.workloads.training.train_config import TrainConfig
 
 # objective name -> (trainer objective, flags)
 OBJECTIVES: dict[str, tuple[str, dict]] = {

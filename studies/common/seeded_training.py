@@ -14,7 +14,7 @@ from pathlib import Path
 from genrec.studies.common.options import REQUIRED, add_shared_options
 from genrec.workloads.io import atomic_write_text
 from genrec.workloads.results import command_line
-from genrec.workloads.training.trainer import HEAD_BATCHING, TrainConfig
+from genrec.workloads.training.train_config import HEAD_BATCHING, TrainConfig
 
 
 def add_training_arguments(p: argparse.ArgumentParser, seeds: list[int], beam_width: int) -> None:

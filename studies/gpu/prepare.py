@@ -14,7 +14,8 @@ from pathlib import Path
 
 from genrec.workloads.data.synth import SynthConfig, synth_dataset
 from genrec.workloads.errors import run_main
-from genrec.workloads.training.trainer import TrainConfig, train
+from genrec.workloads.training.train_config import TrainConfig
+from genrec.workloads.training.trainer import train
 
 FULL = SynthConfig(seed=0, num_users=6000, num_items=5000, codebook_size=256)
 DRY = SynthConfig(seed=0, num_users=200, num_items=300, codebook_size=16, feature_dim=0)

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from genrec.workloads.errors import UserInputError
-from genrec.workloads.training.trainer import TrainConfig
+from genrec.workloads.training.train_config import TrainConfig
 
 if TYPE_CHECKING:
     from genrec.workloads.evaluation import EvalConfig

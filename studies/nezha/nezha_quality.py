@@ -41,7 +41,8 @@ from genrec.workloads.data.dataset import load_dataset
 from genrec.workloads.errors import run_main
 from genrec.workloads.metrics import paired_t_test_less
 from genrec.workloads.results import current_environment
-from genrec.workloads.training.trainer import TrainConfig, resolve_device
+from genrec.workloads.training.train_config import TrainConfig
+from genrec.workloads.training.trainer import resolve_device
 
 QUALITY = ("hr@5", "ndcg@5", "recall@5", "hr@10", "ndcg@10", "recall@10")
 DEFAULT_ARMS = ("beam", "nezha", "nezha-4", "mtp")

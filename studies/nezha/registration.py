@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from genrec.dashboards.registry import PageKind, register_page
 from genrec.studies.nezha.nezha_arms import ARMS, arm_point
 from genrec.workloads.benchmark_registry import Benchmark, check_at_least, check_choice, register_benchmark
-from genrec.workloads.training.trainer import TrainConfig
+from genrec.workloads.training.train_config import TrainConfig
 
 
 @dataclass(frozen=True, kw_only=True)

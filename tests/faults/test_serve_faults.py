@@ -40,7 +40,8 @@ MAX_TOKENS = MAX_BEAM * (WINDOW + 1) * 3
 @pytest.fixture(scope="module")
 def wide_model(tmp_path_factory):
     from genrec.workloads.data.synth import SynthConfig, synth_dataset
-    from genrec.workloads.training.trainer import TrainConfig, train
+    from genrec.workloads.training.train_config import TrainConfig
+    from genrec.workloads.training.trainer import train
 
     root = tmp_path_factory.mktemp("wide")
     synth_dataset(

@@ -66,14 +66,14 @@ from genrec.workloads.training.imported_teacher import (
     load_imported_teacher,
 )
 from genrec.workloads.training.teacher import TeacherData, check_teacher_matches, load_teacher
-from genrec.workloads.training.trainer import (
+from genrec.workloads.training.train_config import (
     ALIGN_OBJECTIVES,
     SEQUENCE_OBJECTIVES,
     TARGET_OBJECTIVES,
     TOKEN_OBJECTIVES,
     TrainConfig,
-    target_loss,
 )
+from genrec.workloads.training.trainer import target_loss
 
 __all__ = [
     "AlignFlags",

@@ -54,7 +54,7 @@ from genrec.workloads.models.nezha_head import (
 from genrec.workloads.models.transformer import GRTransformer
 from genrec.workloads.sid_codec import SIDCodec
 from genrec.workloads.training.packed_head_batch import build_packed_head_batch
-from genrec.workloads.training.trainer import HEAD_BATCHING
+from genrec.workloads.training.train_config import HEAD_BATCHING
 
 HEAD_OBJECTIVES = ("nezha", "mtp")
 
