@@ -90,8 +90,23 @@ def test_every_listener_of_genrec_serve_is_on_loopback_or_documented(tiny_model_
         for _ in range(6):  # a few looks: Ray's agents and Serve's actors come up at their own pace
             seen |= set(listeners_of(app.proc.pid))
             time.sleep(0.5)
+        refused = {x.port: unauthenticated_call(x.port) for x in seen if not x.local_only}
         stop_and_check(app, signal.SIGTERM)
     finally:
         kill_session(app.proc.pid)
     assert {"gcs_server", "raylet", "ray::ServeRepli"} <= {x.process for x in seen}, seen
     assert undocumented(list(seen)) == [], "listeners neither on loopback nor in docs/serving.md's table"
+    # what stays off loopback (the replicas' gRPC) refuses a client without Ray's token, as documented
+    assert refused and all(code == "UNAUTHENTICATED" for code in refused.values()), refused
+
+
+def unauthenticated_call(port: int) -> str:
+    """The status of a call without Ray's token to Serve's replica-to-replica gRPC method on `port`."""
+    import grpc
+
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        try:
+            channel.unary_unary("/ray.serve.ASGIService/HandleRequest")(b"", timeout=10)
+        except grpc.RpcError as e:
+            return e.code().name
+    return "OK"
