@@ -8,17 +8,30 @@ Ray chmods `r` and below, never the folder above it, which is this user's only (
 be a real folder owned by this user), so nothing Ray makes is in other users' reach whatever its
 modes. RAY_TMPDIR, when set, is the user's choice and is kept. Short on purpose: Ray's Unix socket
 paths under the root must stay within 107 bytes.
+
+Listeners: Ray 2.60 binds its daemons to loopback only when the node's address is a loopback one, and
+`ray.init` turns a `_node_ip_address` of 127.0.0.1 into the machine's address unless Ray clusters are
+switched off (`RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`, what macOS and Windows get by default).
+`on_loopback` switches them off around `ray.init` of a new local instance: the node's address is then
+127.0.0.1 and the GCS, the raylet, every worker, the agents and the metrics servers listen there
+(docs/serving.md, "What a local Ray exposes", lists what each one binds).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from genrec.workloads.errors import UserInputError
+
+# Ray's switch for multi-node clusters: "0" makes a new local node's address 127.0.0.1 (Ray's processes
+# read it too, so it is set in the environment they inherit)
+CLUSTER_SWITCH = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 
 def private_temp_dir() -> Path:
@@ -47,3 +60,23 @@ def local_ray_options() -> dict[str, Any]:
     if os.environ.get("RAY_TMPDIR"):
         return {}
     return {"_temp_dir": str(private_temp_dir() / "r")}
+
+
+@contextlib.contextmanager
+def on_loopback(address: str = "local") -> Iterator[None]:
+    """Around `ray.init(address=...)`: for a new local instance ("local") its node address is
+    127.0.0.1, so every listener Ray starts binds loopback; joining a cluster changes nothing. A value
+    of RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER the user set is kept."""
+    from ray._private import ray_constants
+
+    if address != "local" or os.environ.get(CLUSTER_SWITCH) is not None:
+        yield
+        return
+    saved = ray_constants.ENABLE_RAY_CLUSTER  # read once when ray is imported: set it here too
+    os.environ[CLUSTER_SWITCH] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        os.environ.pop(CLUSTER_SWITCH, None)
+        ray_constants.ENABLE_RAY_CLUSTER = saved

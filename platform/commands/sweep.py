@@ -69,21 +69,33 @@ def sweep_command(
         print_dry_run(cfg, ray_address)
         return
     from genrec.platform.sweep import run_sweep
-    from genrec.platform.sweep.interrupt import SweepInterrupted
+    from genrec.platform.sweep.interrupt import StopSignals, SweepInterrupted
+    from genrec.platform.sweep.ray_start import kill_started_ray, ray_is_up, shutdown_started_ray
 
     hint = resume_command(experiment, results_dir, ray_address)
-    try:
-        summary = run_sweep(
-            cfg,
-            resume=resume,
-            overwrite=overwrite,
-            progress=not quiet,
-            ray_address=ray_address,
-            resume_hint=hint,
-        )
-    except (KeyboardInterrupt, SweepInterrupted):
-        typer.echo(f"\nsweep interrupted; finished trials are kept. Resume it with: {hint}", err=True)
-        raise typer.Exit(130) from None  # 128 + SIGINT, as a shell reports Ctrl-C
+    stopped = f"\nsweep interrupted; finished trials are kept. Resume it with: {hint}"
+    ours = not ray_is_up()  # a Ray the caller had up (tests, a notebook) is not this command's to stop
+
+    def give_up() -> None:  # the clean stop hung (the signal also ended Ray's GCS): exit all the same
+        typer.echo(stopped, err=True)
+        if ours:
+            kill_started_ray()
+
+    with StopSignals(give_up) as stop:  # SIGTERM and SIGHUP stop the sweep as Ctrl-C does
+        try:
+            summary = run_sweep(
+                cfg,
+                resume=resume,
+                overwrite=overwrite,
+                progress=not quiet,
+                ray_address=ray_address,
+                resume_hint=hint,
+            )
+        except (KeyboardInterrupt, SweepInterrupted):
+            typer.echo(stopped, err=True)
+            if ours:
+                shutdown_started_ray()  # now, not at exit: no Ray process or listener outlives the command
+            raise typer.Exit(stop.exit_code()) from None  # 128 + the signal, as a shell reports it
     for line in summary.lines():
         typer.echo(line)
     if summary.trials_failed:

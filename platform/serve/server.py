@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from genrec.platform.ray_options import on_loopback
 from genrec.platform.serve.config import (
     APP_IMPORT_PATH,
     DEFAULT_HOST,
@@ -159,7 +160,7 @@ def start_server(
     ingress = resolve_ingress(http.ingress)
     address = ray_address or os.environ.get("RAY_ADDRESS") or "local"
     if not ray.is_initialized():
-        with started_with(ray_environment(cfg, http, ingress, address)):
+        with started_with(ray_environment(cfg, http, ingress, address)), on_loopback(address):
             ray.init(address=address, **ray_init_options(address, num_cpus))
         _STARTED_RAY = address == "local"
     if after_ray_init is not None:

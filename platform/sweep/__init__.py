@@ -15,7 +15,7 @@ keep those calls in this module. The rest lives in the package:
     resume.py      fresh sweep or --resume (`plan_storage`), Tune state dir, fingerprint stamp
     ray_start.py   which Ray, starting it, per-trial resources, concurrent slots
     parent_run.py  the sweep's MLflow parent run: opened, KILLED on Ctrl-C, finished
-    interrupt.py   noticing the Ctrl-C that Tune swallows (`SweepInterrupted`)
+    interrupt.py   noticing the Ctrl-C that Tune swallows (`SweepInterrupted`); SIGTERM / SIGHUP alike
     results.py     `SweepSummary`, counting the stored rows, best configuration, report
 
 Each name is imported from the module that defines it. Tune's saved

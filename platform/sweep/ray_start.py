@@ -18,10 +18,12 @@ from typing import Any
 import ray
 
 from genrec.platform.experiment import ExperimentConfig
-from genrec.platform.ray_options import local_ray_options
+from genrec.platform.ray_options import local_ray_options, on_loopback
+from genrec.platform.sweep.interrupt import take_back
 from genrec.workloads.errors import UserInputError
 
 AUTO_GPU_FRACTION = 0.25  # resources.gpu: auto -> this share of a GPU per trial when GPUs exist
+_started_here = False  # init_ray started or joined Ray (not a caller that had it up already)
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,7 @@ def concurrent_slots(resources: TrialResources, max_concurrent: int, to_run: int
 
 def init_ray(cfg: ExperimentConfig, address: str, progress: bool = False) -> bool:
     """Start or join Ray unless this process already did; True if this call started it."""
+    global _started_here
     if ray.is_initialized():
         return False
     kwargs: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.WARNING}
@@ -105,5 +108,29 @@ def init_ray(cfg: ExperimentConfig, address: str, progress: bool = False) -> boo
         kwargs["log_to_driver"] = False
         kwargs["_system_config"] = {"worker_niceness": cfg.ray.worker_niceness}  # see RaySpec
         kwargs.update(local_ray_options())  # session files in a folder of this user's only
-    ray.init(address=address, **kwargs)
+    with on_loopback(address):  # a new local instance listens on 127.0.0.1 only
+        ray.init(address=address, **kwargs)
+    _started_here = True
+    take_back()  # SIGTERM / SIGHUP stop the sweep as Ctrl-C does, not Ray's abort
     return True
+
+
+def ray_is_up() -> bool:
+    return ray.is_initialized()
+
+
+def shutdown_started_ray() -> None:
+    """Shut down the Ray `init_ray` started (a local instance: its workers, agents and daemons; a cluster:
+    this driver's connection), now rather than at exit; a Ray the caller had up already is left alone."""
+    global _started_here
+    if _started_here and ray.is_initialized():
+        ray.shutdown()
+    _started_here = False
+
+
+def kill_started_ray() -> None:
+    """SIGKILL what is left of a local Ray that `init_ray` started (its GCS, raylet, agents and the
+    processes they started); for when a clean `ray.shutdown` cannot finish (the GCS is already gone)."""
+    node = ray._private.worker._global_node
+    if _started_here and node is not None and node.head:
+        node.kill_all_processes(check_alive=False, allow_graceful=False)

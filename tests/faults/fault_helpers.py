@@ -74,10 +74,12 @@ class Listener:
     address: str
     port: int
     pid: int | None
+    process: str = ""  # the name `ss -ltnp` shows (the process's comm, 15 characters at most)
 
     @property
     def local_only(self) -> bool:
-        return self.address in ("127.0.0.1", "[::1]", "::1") or self.address.startswith("127.")
+        host = self.address.removeprefix("[").removesuffix("]").removeprefix("::ffff:")  # v4-mapped
+        return host == "::1" or host.startswith("127.")
 
 
 def listeners() -> list[Listener]:
@@ -91,11 +93,68 @@ def listeners() -> list[Listener]:
         if len(parts) < 4:
             continue
         address, _, port = parts[3].rpartition(":")
-        pid = None
+        pid, process = None, ""
         if "pid=" in line:
             pid = int(line.split("pid=", 1)[1].split(",", 1)[0])
-        found.append(Listener(address, int(port), pid))
+            process = line.split('(("', 1)[1].split('"', 1)[0] if '(("' in line else ""
+        found.append(Listener(address, int(port), pid, process))
     return found
+
+
+def descendants(root: int) -> set[int]:
+    """`root` and every live process below it (by parent pid)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z":
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+    tree, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        if pid not in tree:
+            tree.add(pid)
+            todo += children.get(pid, [])
+    return tree
+
+
+def listeners_of(root: int) -> list[Listener]:
+    """The listening sockets of `root`'s process tree (a command and the Ray it started)."""
+    tree = descendants(root) | set(session_members(root))
+    return [x for x in listeners() if x.pid in tree]
+
+
+SERVING_DOCS = Path(__file__).resolve().parents[2] / "docs" / "serving.md"
+
+
+def documented_listeners(docs: Path = SERVING_DOCS) -> dict[str, str]:
+    """Process name -> the address it binds, from the table after `<!-- listeners` in docs/serving.md
+    ("What a local Ray exposes")."""
+    rows: dict[str, str] = {}
+    for line in docs.read_text().split("<!-- listeners", 1)[1].splitlines()[1:]:
+        if not line.strip().startswith("|"):
+            if rows:
+                break
+            continue
+        cells = [c.strip().strip("`") for c in line.strip().strip("|").split("|")]
+        if len(cells) == 5 and not cells[0].startswith("process") and set(cells[0]) != {"-"}:
+            rows[cells[0]] = cells[2]
+    return rows
+
+
+def undocumented(found: list[Listener], docs: Path = SERVING_DOCS) -> list[Listener]:
+    """The listeners neither on loopback nor in a docs row of their process that names their address
+    (`*` covers every address)."""
+    rows = documented_listeners(docs)
+
+    def covered(x: Listener) -> bool:
+        binds = rows.get(x.process)
+        return binds is not None and (binds == "*" or binds == x.address)
+
+    exposed = {x for x in found if not x.local_only and not covered(x)}
+    return sorted(exposed, key=lambda x: (x.process, x.port))
 
 
 def listening_on(port: int) -> list[Listener]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -157,6 +158,27 @@ def test_ctrl_c_during_a_sweep_prints_the_genrec_resume_command_and_exits_130(
     err = capsys.readouterr().err
     assert f"genrec sweep {path} --resume --results-dir {tmp_path / 'r2'}" in err
     assert "Tuner.restore" not in err
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_sigterm_or_sighup_during_a_sweep_stop_it_as_ctrl_c_does(
+    sig, tiny_model_dir, synth_dir, tmp_path, capsys, monkeypatch
+):
+    """Stopped as by Ctrl-C, exit 128 + the signal (the real sweep under SIGTERM: test_sweep_signals.py);
+    the handlers the command replaced are back afterwards."""
+    from genrec.platform import sweep
+
+    def signalled(*args, **kwargs):
+        os.kill(os.getpid(), sig)
+        time.sleep(5)  # the handler interrupts this
+        raise AssertionError("the signal did not stop the sweep")
+
+    monkeypatch.setattr(sweep, "run_sweep", signalled)
+    before = signal.getsignal(sig)
+    path = sweep_file(tmp_path, tiny_model_dir, synth_dir)
+    assert run_cli(["sweep", str(path), "--results-dir", str(tmp_path / "r2"), "--quiet"]) == 128 + sig
+    assert f"genrec sweep {path} --resume --results-dir {tmp_path / 'r2'}" in capsys.readouterr().err
+    assert signal.getsignal(sig) is before
 
 
 def test_tunes_own_interrupt_message_is_replaced_and_noticed():
