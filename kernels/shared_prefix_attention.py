@@ -61,6 +61,24 @@ def attend_with_lse(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> tup
     return _softmax_stage(scores if bias is None else scores + bias, v)
 
 
+_LAST_BIAS: tuple = ()  # (mask, its version, dtype, bias): the last prompt mask's additive form
+
+
+def prefix_bias(prefix_mask: Tensor, dtype: torch.dtype) -> Tensor:
+    """[B, 1, 1, S]: 0 on real prompt positions, -inf on padding. Every layer and step of a decode reads
+    the same mask, so the last one is kept (compared by identity and version; a new mask replaces it)."""
+    global _LAST_BIAS
+    last = _LAST_BIAS
+    if last and last[0] is prefix_mask and last[1] == prefix_mask._version and last[2] == dtype:
+        return last[3]
+    bias = torch.zeros(
+        prefix_mask.shape[0], 1, 1, prefix_mask.shape[1], dtype=dtype, device=prefix_mask.device
+    )
+    bias.masked_fill_(~prefix_mask[:, None, None, :], NEG_INF)
+    _LAST_BIAS = (prefix_mask, prefix_mask._version, dtype, bias)
+    return bias
+
+
 def prefix_stage(q: Tensor, prefix_k: Tensor, prefix_v: Tensor, prefix_mask: Tensor) -> tuple[Tensor, Tensor]:
     """Shared stage: every beam's queries against its user's prompt, one batched product per user.
 
@@ -70,8 +88,7 @@ def prefix_stage(q: Tensor, prefix_k: Tensor, prefix_v: Tensor, prefix_mask: Ten
     w, g = rows // b, h // hkv
     # a user's query rows per key/value head: (beam, query head of the group, token)
     qg = q.view(b, w, hkv, g, n, hd).permute(0, 2, 1, 3, 4, 5).reshape(b, hkv, w * g * n, hd)
-    bias = torch.zeros(b, 1, 1, prefix_mask.shape[1], dtype=q.dtype, device=q.device)
-    bias.masked_fill_(~prefix_mask[:, None, None, :], NEG_INF)
+    bias = prefix_bias(prefix_mask, q.dtype)
     out, lse = attend_with_lse(qg, prefix_k, prefix_v, bias)  # [B, Hkv, W*g*n, hd], [B, Hkv, W*g*n]
     out = out.view(b, hkv, w, g, n, hd).permute(0, 2, 1, 3, 4, 5).reshape(rows, h, n, hd)
     return out, lse.view(b, hkv, w, g, n).permute(0, 2, 1, 3, 4).reshape(rows, h, n)
@@ -104,7 +121,8 @@ def merge_attention_states(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: T
     out = (e^lse_a out_a + e^lse_b out_b) / (e^lse_a + e^lse_b)
         = out_b + (out_a - out_b) * sigmoid(lse_a - lse_b)
     """
-    share_a = torch.sigmoid(lse_a - lse_b)[..., None].to(out_a.dtype)
+    share_a = torch.sigmoid(lse_a - lse_b)[..., None]
+    share_a = share_a if share_a.dtype == out_a.dtype else share_a.to(out_a.dtype)
     return out_b + (out_a - out_b) * share_a
 
 

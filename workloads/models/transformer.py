@@ -42,8 +42,9 @@ from genrec.workloads.models.model_config import ModelConfig
 from genrec.workloads.models.transformer_blocks import (
     Block,
     RMSNorm,
+    RopeTables,
     config_inv_freq,
-    rope_cos_sin,
+    fused_ok,
 )
 
 __all__ = [
@@ -119,6 +120,7 @@ class GRTransformer(nn.Module):
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        self._inv_freq: Tensor | None = None  # RoPE frequencies on the last device used (see rope)
         self.apply(self._init_weights)
         for block in self.layers:  # scale residual outputs by depth (GPT-2 style) for stable training
             for lin in (block.self_attn.o_proj, block.mlp.down_proj):
@@ -131,11 +133,11 @@ class GRTransformer(nn.Module):
         if self.config.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
-    def rope(self, positions: Tensor) -> tuple[Tensor, Tensor]:
-        """RoPE cos/sin tables [..., head_dim] for integer positions, with the config's scaling."""
-        cfg = self.config
-        inv_freq = None if cfg.rope_type == "default" else config_inv_freq(cfg, positions.device)
-        return rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, inv_freq)
+    def rope(self, positions: Tensor) -> RopeTables:
+        """RoPE tables for integer positions [B, S], with the config's scaling, in the weights' dtype."""
+        if self._inv_freq is None or self._inv_freq.device != positions.device:  # kept: same every call
+            self._inv_freq = config_inv_freq(self.config, positions.device)
+        return RopeTables.at(positions, self._inv_freq, self.embed_tokens.weight.dtype)
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
@@ -181,14 +183,22 @@ class GRTransformer(nn.Module):
         if s > self.config.max_seq_len:
             raise ValueError(f"sequence of {s} tokens exceeds max_seq_len {self.config.max_seq_len}")
 
-    def _run_full(self, tokens: Tensor, positions: Tensor, attn_mask: Tensor, keep_kv: bool):
-        cos, sin = self.rope(positions)
+    def _run_full(
+        self, tokens: Tensor, positions: Tensor, attn_mask: Tensor, keep_kv: bool, last_only: bool = False
+    ):
+        """(final hidden [B, S, D], keys, values per layer); with `last_only` the hidden state of the last
+        position alone ([B, 1, D]): the last layer's attention, output projection and MLP then run for
+        that position only (the other positions' keys and values are all a prefill keeps of them)."""
+        rope = self.rope(positions)
         attn_mask = attn_mask[:, None]  # [B, 1, S, S]: one mask for every head
         x = self.embed_tokens(tokens)
+        if fused_ok(x):  # SDPA's additive form, made once for every layer (what it makes of a bool mask)
+            attn_mask = torch.zeros(attn_mask.shape, device=x.device).masked_fill_(~attn_mask, float("-inf"))
         ks, vs = [], []
-        for block in self.layers:
-            a, k, v = block.self_attn.forward_full(block.input_layernorm(x), cos, sin, attn_mask)
-            x = x + a
+        for i, block in enumerate(self.layers):
+            last = last_only and i == len(self.layers) - 1
+            a, k, v = block.self_attn.forward_full(block.input_layernorm(x), rope, attn_mask, last)
+            x = (x[:, -1:] if last else x) + a
             x = x + block.mlp(block.post_attention_layernorm(x))
             if keep_kv:
                 ks.append(k)
@@ -202,7 +212,8 @@ class GRTransformer(nn.Module):
         if not bool(mask[:, -1].all()):
             raise ValueError("prompts must be left-padded: the last position of every row must be real")
         self._check_length(tokens.shape[1])
-        hidden, ks, vs = self._run_full(tokens, *causal_attention_inputs(tokens, mask), keep_kv=True)
+        inputs = causal_attention_inputs(tokens, mask)
+        hidden, ks, vs = self._run_full(tokens, *inputs, keep_kv=True, last_only=not return_all_hidden)
         last = hidden[:, -1]
         cache = KVCache(ks, vs, mask, mask.long().sum(-1))
         return PrefillOutput(self.lm_head(last), last, cache, hidden if return_all_hidden else None)
@@ -241,14 +252,14 @@ class GRTransformer(nn.Module):
         # positions, not block length, bound the sequence: a tree of n nodes may be far shallower than n
         deepest = n if tree_mask is None else int(depth.max()) + 1
         self._check_length(int(cache.prefix_mask.shape[1]) + cache.steps + deepest)
-        cos, sin = self.rope(pos)
+        rope = self.rope(pos)
         if cache.beam_rows is not None:  # the new block is written into each row's own storage
             t = cache.steps
             cache.beam_rows[:, t : t + n] = torch.arange(rows, device=tokens.device)[:, None]
         x = self.embed_tokens(tokens)  # [N, n, D]
         for i, block in enumerate(self.layers):
             x = x + block.self_attn.forward_extend(
-                block.input_layernorm(x), cos, sin, cache, i, tree_mask, attend
+                block.input_layernorm(x), rope, cache, i, tree_mask, attend
             )
             x = x + block.mlp(block.post_attention_layernorm(x))
         cache.steps += n

@@ -2,11 +2,18 @@
 
 Layer and weight names follow the Llama layout (q_proj, gate_proj, input_layernorm, ...); see
 transformer.py.
+
+Decoding on a CPU in fp32 (no autograd) takes fused forms of the same arithmetic: one projection for
+q/k/v and one for gate/up (the weights concatenated per call), GQA and an additive mask inside SDPA.
+Each gives the unfused result bit for bit there (tests/test_fused_blocks.py), so results do not depend
+on the path; a small model's decode step is bound by per-op overhead, which these cut. Training
+(autograd on), half precision and GPUs keep the unfused forms.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -16,6 +23,19 @@ from genrec.workloads.models.kv_cache import KVCache, beam_step_index
 from genrec.workloads.models.model_config import ModelConfig
 
 
+def fused_ok(x: Tensor) -> bool:
+    """Whether the fused forms apply to activations `x` (see the module doc): fp32 on a CPU, no autograd."""
+    return x.dtype == torch.float32 and x.device.type == "cpu" and not torch.is_grad_enabled()
+
+
+def fused_linear(x: Tensor, linears: tuple[nn.Linear, ...]) -> Tensor:
+    """The outputs of `linears` (all with biases or none) concatenated on the last axis, in one product
+    (concatenating the small weights per call costs less than a cached copy's staleness check)."""
+    weight = torch.cat([lin.weight for lin in linears])
+    bias = None if linears[0].bias is None else torch.cat([lin.bias for lin in linears])
+    return F.linear(x, weight, bias)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -23,10 +43,10 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        # normalise in fp32 (as Llama does) so bf16 training stays stable
-        xf = x.float()
+        # normalise in fp32 (as Llama does) so bf16 training stays stable; fp32 input is not converted
+        xf = x if x.dtype == torch.float32 else x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+        return self.weight * (xf if x.dtype == torch.float32 else xf.to(x.dtype))
 
 
 def rope_inv_freq(head_dim: int, theta: float, device: torch.device | None = None) -> Tensor:
@@ -67,11 +87,26 @@ def rope_cos_sin(
     return emb.cos(), emb.sin()
 
 
-def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x [B, H, S, hd]; cos/sin [B, S, hd]."""
-    cos, sin = cos[:, None].to(x.dtype), sin[:, None].to(x.dtype)
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+@dataclass(frozen=True)
+class RopeTables:
+    """cos/sin of one forward's positions, prepared once for every layer: [B, 1, S, hd] in the
+    activations' dtype, sin with its first half negated, so that x * cos + rotate_half(x) * sin is
+    x * cos + roll(x, hd / 2) * sin: one op for the rotation, same bits (a sign flip is exact)."""
+
+    cos: Tensor
+    sin: Tensor
+
+    @classmethod
+    def at(cls, positions: Tensor, inv_freq: Tensor, dtype: torch.dtype) -> RopeTables:
+        """Tables for integer positions [B, S] and inverse frequencies [hd / 2] (config_inv_freq)."""
+        half = inv_freq.shape[0]
+        cos, sin = rope_cos_sin(positions[:, None], 2 * half, 0.0, inv_freq)
+        sin = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
+        return cls(cos.to(dtype), sin.to(dtype))
+
+    def apply(self, x: Tensor) -> Tensor:
+        """x [B, H, S, hd] -> x rotated by its positions' angles."""
+        return x * self.cos + x.roll(x.shape[-1] // 2, dims=-1) * self.sin
 
 
 class Attention(nn.Module):
@@ -93,29 +128,38 @@ class Attention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
 
-    def _qkv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def _qkv(self, x: Tensor, rope: RopeTables) -> tuple[Tensor, Tensor, Tensor]:
         """q [B, H, S, hd], k/v [B, Hkv, S, hd] (RoPE applied to q and k)."""
         b, s, _ = x.shape
-        q = self.q_proj(x).view(b, s, self.n_heads, self.head_dim)
-        k = self.k_proj(x).view(b, s, self.n_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(b, s, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        h, hkv, hd = self.n_heads, self.n_kv_heads, self.head_dim
+        if fused_ok(x):
+            qkv = fused_linear(x, (self.q_proj, self.k_proj, self.v_proj)).view(b, s, h + 2 * hkv, hd)
+            q, k, v = qkv.split((h, hkv, hkv), dim=2)
+        else:
+            q = self.q_proj(x).view(b, s, h, hd)
+            k = self.k_proj(x).view(b, s, hkv, hd)
+            v = self.v_proj(x).view(b, s, hkv, hd)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        return apply_rope(q.transpose(1, 2), cos, sin), apply_rope(k.transpose(1, 2), cos, sin), v
+        return rope.apply(q.transpose(1, 2)), rope.apply(k.transpose(1, 2)), v.transpose(1, 2)
 
     def forward_full(
-        self, x: Tensor, cos: Tensor, sin: Tensor, attn_mask: Tensor
+        self, x: Tensor, rope: RopeTables, attn_mask: Tensor, last_only: bool = False
     ) -> tuple[Tensor, Tensor, Tensor]:
-        q, k, v = self._qkv(x, cos, sin)
+        """attn_mask [B, 1, S, S]: bool (True = may attend), or additive (0 / -inf) on the fused path.
+        `last_only`: the output [B, 1, D] of the last position only (keys and values of all)."""
+        q, k, v = self._qkv(x, rope)
+        if last_only:
+            q, attn_mask = q[:, :, -1:], attn_mask[:, :, -1:]
         out = full_attention(q, k, v, attn_mask)
         b, _, s, _ = out.shape
         return self.o_proj(out.transpose(1, 2).reshape(b, s, -1)), k, v
 
     def forward_extend(
-        self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache, layer: int, tree_mask, attention
+        self, x: Tensor, rope: RopeTables, cache: KVCache, layer: int, tree_mask, attention
     ) -> Tensor:
         """x [B*W, n, D]: write the block's K/V at steps..steps+n, attend through the backend."""
-        q, k, v = self._qkv(x, cos, sin)  # q [N, H, n, hd], k/v [N, Hkv, n, hd]
+        q, k, v = self._qkv(x, rope)  # q [N, H, n, hd], k/v [N, Hkv, n, hd]
         t, n = cache.steps, x.shape[1]
         cache.beam_k[layer][:, :, t : t + n] = k
         cache.beam_v[layer][:, :, t : t + n] = v
@@ -139,6 +183,8 @@ def full_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor) -> Tensor
     checkpoints) take scores, softmax and the value sum in fp32, so rounding does not depend on
     the attention kernel; the result is cast back to q's dtype."""
     groups = q.shape[1] // k.shape[1]
+    if fused_ok(q):  # SDPA reads each key/value head for its group itself
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, enable_gqa=groups > 1)
     if groups > 1:  # each key/value head serves `groups` consecutive query heads
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
     if q.dtype == torch.float32:
@@ -156,6 +202,9 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.hidden_dim, cfg.dim, bias=cfg.mlp_bias)
 
     def forward(self, x: Tensor) -> Tensor:
+        if fused_ok(x):
+            gate, up = fused_linear(x, (self.gate_proj, self.up_proj)).chunk(2, dim=-1)
+            return self.down_proj(F.silu(gate) * up)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
