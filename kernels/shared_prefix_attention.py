@@ -61,22 +61,13 @@ def attend_with_lse(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> tup
     return _softmax_stage(scores if bias is None else scores + bias, v)
 
 
-_LAST_BIAS: tuple = ()  # (mask, its version, dtype, bias): the last prompt mask's additive form
-
-
 def prefix_bias(prefix_mask: Tensor, dtype: torch.dtype) -> Tensor:
-    """[B, 1, 1, S]: 0 on real prompt positions, -inf on padding. Every layer and step of a decode reads
-    the same mask, so the last one is kept (compared by identity and version; a new mask replaces it)."""
-    global _LAST_BIAS
-    last = _LAST_BIAS
-    if last and last[0] is prefix_mask and last[1] == prefix_mask._version and last[2] == dtype:
-        return last[3]
+    """[B, 1, 1, S]: 0 on real prompt positions, -inf on padding (made per call: it is B x S, and a cache
+    keyed by the mask's version cannot read inference-mode tensors, which serving and sweeps decode with)."""
     bias = torch.zeros(
         prefix_mask.shape[0], 1, 1, prefix_mask.shape[1], dtype=dtype, device=prefix_mask.device
     )
-    bias.masked_fill_(~prefix_mask[:, None, None, :], NEG_INF)
-    _LAST_BIAS = (prefix_mask, prefix_mask._version, dtype, bias)
-    return bias
+    return bias.masked_fill_(~prefix_mask[:, None, None, :], NEG_INF)
 
 
 def prefix_stage(q: Tensor, prefix_k: Tensor, prefix_v: Tensor, prefix_mask: Tensor) -> tuple[Tensor, Tensor]:
