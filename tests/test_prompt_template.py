@@ -54,6 +54,32 @@ def test_encode_equals_word_by_word_ids(encoder, data):
     assert np.array_equal(encoder.table.tokens_to_codes(sid_ids.reshape(n, 3)), codes)
 
 
+@settings(max_examples=30, deadline=None)
+@given(data=st.data())
+def test_a_batch_encodes_as_each_prompt_rendered_and_tokenised_alone(encoder, data):
+    """encode_batch spells SID strings once and checks the batch in one pass: each prompt must still be
+    the one its history renders to (the pattern's own spelling, the template, the tokenizer)."""
+    keep = data.draw(st.sampled_from([None, 1, 3]))
+    enc = PromptEncoder(
+        PromptTemplate(text="the user bought {history}", max_history=keep), *astuple_rest(encoder)
+    )
+    histories = [
+        np.array(
+            [[data.draw(st.integers(0, t - 1)) for t in SIZES] for _ in range(data.draw(st.integers(1, 5)))]
+        )
+        for _ in range(data.draw(st.integers(1, 4)))
+    ]
+    alone = [
+        enc.tokenizer.encode(enc.template.render(h[-keep:] if keep else h, enc.pattern)).ids
+        for h in histories
+    ]
+    assert enc.encode_batch(histories) == alone
+
+
+def astuple_rest(encoder: PromptEncoder) -> tuple:
+    return encoder.tokenizer, encoder.pattern, encoder.table
+
+
 def test_the_tokenizers_own_bos_is_added(encoder):
     with_bos = PromptTemplate(text="the user bought {history}", response_prefix=" :")
     enc = PromptEncoder(with_bos, encoder.tokenizer, encoder.pattern, encoder.table)
