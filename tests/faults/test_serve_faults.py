@@ -135,11 +135,21 @@ def test_a_request_past_its_deadline_is_dropped_before_decoding_and_counted(app)
     url, cfg = app
     try:
         # well below one wide call (~1 s on one core, ~0.3 s on a fast idle one), so the calls after the
-        # first always start past their deadline; the replica applies a reconfigure asynchronously, so
-        # the requests go out only once its health reports the new timeout
-        reconfigure(cfg, request_timeout_s=0.2)
+        # first always start past their deadline. The batch starts when its third request is in (not
+        # after a 2 ms wait, which a loaded machine's spread of arrivals overran: the later requests then
+        # waited in Serve's queue and were cancelled there by their 504, never reaching the decoder).
+        # The replica applies a reconfigure asynchronously: the requests go out once health shows it.
+        live = {"request_timeout_s": 0.2, "max_batch_size": 3, "batch_wait_timeout_s": 5.0}
+        reconfigure(cfg, **live)
         wait_until = time.monotonic() + 20
-        while get(f"{url}/health")[1]["request_timeout_s"] != 0.2 and time.monotonic() < wait_until:
+        while time.monotonic() < wait_until:
+            now = get(f"{url}/health")[1]
+            if (now["request_timeout_s"], now["max_batch_size"], now["batch_wait_timeout_s"]) == (
+                0.2,
+                3,
+                5.0,
+            ):
+                break
             time.sleep(0.1)
         before = get(f"{url}/health")[1]
 
