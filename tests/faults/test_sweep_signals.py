@@ -39,7 +39,8 @@ def experiment(tmp_path: Path, model: Path, data: Path) -> Path:
     raw = cpu_sweep("stopped", data, model, tmp_path / "results", k=5, widths=WIDTHS)
     raw |= {
         "metric": "recall@5",
-        "eval": {"ks": [5], "max_users": 20, "batch_size": 20, "threads": 1},
+        # ~0.15 s a pass: 30 timed passes make a trial last seconds, so the signal finds trials to stop
+        "eval": {"ks": [5], "max_users": 20, "batch_size": 20, "threads": 1, "repeats": 30},
         "ray": {"num_cpus": 1},  # one trial at a time: the signal finds trials still to run
         "tracking": {**raw["tracking"], "mlflow": False},
     }
@@ -102,7 +103,10 @@ def test_sigterm_stops_a_sweep_like_ctrl_c_and_resume_finishes_it(
     finally:
         kill_session(sweep.pid)
     kept = {r["run_id"] for r in read_rows(results, "stopped")}
-    assert 1 <= len(kept) < len(WIDTHS)
+    # to the driver, the stop is at once and trials are left; to the group, Tune's stop may take its 15 s
+    # bound, in which this sweep's short trials can all finish (seen once on a slow VM): then the resume
+    # below has nothing left to run, and what it checks is that nothing runs twice
+    assert 1 <= len(kept) <= len(WIDTHS) - (not to_group)
 
     resumed = start_sweep(path, tmp_path / "resumed.log", "--resume")
     try:
