@@ -102,3 +102,19 @@ def build_and_import(root, layers: int = 2) -> dict:
             main(import_args(folder, root / "index.json", out[name], root / "template.json"))
         assert e.value.code in (0, None)
     return out
+
+
+def synth_with_hf(root, users: int, items: int, codebook: int):
+    """A synth data set at root/d (3 levels of `codebook` codes) and the LC-Rec token strings of the codes
+    its items use, in the tokenizer's string order: (data folder, item codes [N, 3], token strings)."""
+    from genrec.platform.cli import main
+    from genrec.workloads.data.dataset import load_dataset
+
+    synth = ["data", "synth", "--out", str(root / "d"), "--num-users", str(users), "--num-items", str(items)]
+    synth += ["--levels", "3", "--codebook-size", str(codebook), "--num-clusters", str(codebook)]
+    with pytest.raises(SystemExit) as e:
+        main([*synth, "--num-subclusters", "2"])
+    assert e.value.code in (0, None)
+    codes = load_dataset(root / "d").item_codes()
+    used = sorted({f"<{'abc'[lv]}_{c}>" for row in codes for lv, c in enumerate(row)})  # string order
+    return root / "d", codes, used

@@ -11,7 +11,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from hf_models import build_hf, import_args, transformers_or_skip, write_index
+from hf_models import build_hf, import_args, synth_with_hf, transformers_or_skip, write_index
 
 transformers_or_skip()
 
@@ -30,16 +30,8 @@ def run_cli(args: list[str], capsys) -> tuple[int, str]:
 @pytest.fixture(scope="module")
 def imported(tmp_path_factory):
     """(root, dataset folder, imported checkpoint folder): LC-Rec tokens for the dataset's used codes."""
-    from genrec.workloads.data.dataset import load_dataset
-
     root = tmp_path_factory.mktemp("heads")
-    synth = ["data", "synth", "--out", str(root / "d"), "--num-users", "60", "--num-items", "50"]
-    synth += ["--levels", "3", "--codebook-size", "12", "--num-clusters", "12", "--num-subclusters", "2"]
-    with pytest.raises(SystemExit) as e:
-        main(synth)
-    assert e.value.code in (0, None)
-    codes = load_dataset(root / "d").item_codes()
-    used = sorted({f"<{'abc'[l]}_{c}>" for row in codes for l, c in enumerate(row)})  # string order
+    _, codes, used = synth_with_hf(root, users=60, items=50, codebook=12)
     build_hf("qwen3", root / "hf", layers=1, sid=used)
     write_index(codes, root / "index.json")
     with pytest.raises(SystemExit) as e:

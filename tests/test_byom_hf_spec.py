@@ -11,7 +11,7 @@ import json
 
 import numpy as np
 import pytest
-from hf_models import build_hf, transformers_or_skip
+from hf_models import build_hf, synth_with_hf, transformers_or_skip
 
 transformers_or_skip()
 
@@ -43,16 +43,8 @@ def run_cli(args: list[str], capsys) -> tuple[int, str, str]:
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     """(root, dataset folder, HF folder whose LC-Rec tokens spell the dataset, its import by hand)."""
-    from genrec.workloads.data.dataset import load_dataset
-
     root = tmp_path_factory.mktemp("hfspec")
-    synth = ["data", "synth", "--out", str(root / "d"), "--num-users", "40", "--num-items", "30"]
-    synth += ["--levels", "3", "--codebook-size", "8", "--num-clusters", "8", "--num-subclusters", "2"]
-    with pytest.raises(SystemExit) as e:
-        main(synth)
-    assert e.value.code in (0, None)
-    codes = load_dataset(root / "d").item_codes()
-    used = sorted({f"<{'abc'[l]}_{c}>" for row in codes for l, c in enumerate(row)})  # string order
+    _, _, used = synth_with_hf(root, users=40, items=30, codebook=8)
     build_hf("qwen3", root / "hf", layers=1, sid=used)
     build_hf("llama", root / "lm_plain", layers=1, sid=[])  # a pretrained LM: no SID tokens to find
     args = ["model", "import", "hf", "--path", str(root / "hf"), "--items", str(root / "d" / "items.parquet")]
