@@ -3,6 +3,8 @@
 The reference runs every row's whole sequence (prompt + decoded steps + the new block) through the
 full forward with an explicit attention mask and RoPE positions, so it shares no cache code."""
 
+from unittest import mock
+
 import numpy as np
 import pytest
 import torch
@@ -10,8 +12,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_model import make_model, random_prompts
 
+from genrec.kernels import shared_prefix_attention as spa
+
 VOCAB = 40
 TOL = dict(atol=2e-5, rtol=1e-4)
+
+
+FORMS = {"one_pass": spa.ONE_PASS_SLACK, "staged": -(10**9)}  # the torch backend's two CPU forms
 
 
 def random_tree(rng, rows, n):
@@ -53,6 +60,7 @@ def recompute(model, prompt, pmask, steps, block, tree):
     return hidden[:, s + t :]
 
 
+@pytest.mark.parametrize("form", sorted(FORMS))
 @settings(max_examples=25, deadline=None)
 @given(
     batch=st.integers(1, 3),
@@ -62,22 +70,23 @@ def recompute(model, prompt, pmask, steps, block, tree):
     use_tree=st.booleans(),
     seed=st.integers(0, 10_000),
 )
-def test_extend_equals_full_recomputation(batch, beams, prior, n, use_tree, seed):
+def test_extend_equals_full_recomputation(form, batch, beams, prior, n, use_tree, seed):
     rng = np.random.default_rng(seed)
     model = make_model(seed=seed % 5)
     prompt, pmask = random_prompts(rng, batch, VOCAB, 8)
     rows = batch * beams
     cache = model.prefill(prompt, pmask).cache.expand(beams, prior + n)
     steps = torch.from_numpy(rng.integers(3, VOCAB, size=(rows, prior)))
-    if prior:
-        model.extend(steps, cache)  # a causal block: the earlier decoded steps
     block = torch.from_numpy(rng.integers(3, VOCAB, size=(rows, n)))
     tree = (
         random_tree(rng, rows, n)
         if use_tree
         else torch.ones(n, n, dtype=torch.bool).tril().expand(rows, n, n)
     )
-    out = model.extend(block, cache, tree if use_tree else None)
+    with mock.patch.object(spa, "ONE_PASS_SLACK", FORMS[form]):  # planned with few beam keys, or never
+        if prior:
+            model.extend(steps, cache)  # a causal block: the earlier decoded steps
+        out = model.extend(block, cache, tree if use_tree else None)
     ref = recompute(
         model, prompt.repeat_interleave(beams, 0), pmask.repeat_interleave(beams, 0), steps, block, tree
     )

@@ -69,6 +69,38 @@ def test_staged_attention_equals_plain_attention(fused, b, w, h, s, t, n, tree, 
     torch.testing.assert_close(got, plain_reference(*case), atol=1e-5, rtol=1e-4)
 
 
+@settings(max_examples=40, deadline=None)
+@given(
+    b=st.integers(1, 3),
+    w=st.integers(1, 6),
+    h=st.integers(1, 3),
+    s=st.integers(1, 9),
+    t=st.integers(0, 4),
+    n=st.integers(1, 4),
+    tree=st.booleans(),
+    seed=st.integers(0, 10_000),
+    groups=st.sampled_from([1, 1, 2, 3]),
+)
+def test_one_pass_equals_plain_attention(b, w, h, s, t, n, tree, seed, groups):
+    """The one-pass form (one softmax per user over its prompt and all its beams' keys, siblings masked)
+    against the per-beam-copied reference, trees and GQA included."""
+    case = random_case(seed, b, w, h, s, t, n, tree=tree, groups=groups)
+    q, pk, pv, pmask, bk, bv, t, mask = case
+    planned = spa.plan_one_pass(pmask, t, mask, w, n, h * groups, h, q.dtype)
+    assert set(planned) == {"one_pass"}  # w * (t + n) <= 24 keys: the one-pass form pays
+    got = spa.shared_prefix_attention_torch(*case, **planned)
+    torch.testing.assert_close(got, plain_reference(*case), atol=1e-5, rtol=1e-4)
+
+
+def test_one_pass_is_planned_only_where_it_pays():
+    mask = torch.ones(2, 10, dtype=torch.bool)
+    plan = spa.plan_one_pass
+    assert plan(mask, 1, None, 20, 1, 4, 2, torch.float32)  # 40 beam keys per user
+    assert not plan(mask, 1, None, 100, 1, 4, 2, torch.float32)  # 200 > ONE_PASS_SLACK + 10
+    assert not plan(mask, 1, None, 20, 1, 4, 2, torch.bfloat16)  # half precision: the staged form in fp32
+    assert spa.get_attention_backend("torch").plan is plan
+
+
 def test_merge_is_the_softmax_over_the_union_of_keys():
     torch.manual_seed(0)
     scores = torch.randn(2, 3, 5, 11)

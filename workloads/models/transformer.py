@@ -120,7 +120,7 @@ class GRTransformer(nn.Module):
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
-        self._inv_freq: Tensor | None = None  # RoPE frequencies on the last device used (see rope)
+        self._rope_table: RopeTables | None = None  # every position's RoPE tables so far (see rope)
         self.apply(self._init_weights)
         for block in self.layers:  # scale residual outputs by depth (GPT-2 style) for stable training
             for lin in (block.self_attn.o_proj, block.mlp.down_proj):
@@ -133,11 +133,18 @@ class GRTransformer(nn.Module):
         if self.config.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
-    def rope(self, positions: Tensor) -> RopeTables:
-        """RoPE tables for integer positions [B, S], with the config's scaling, in the weights' dtype."""
-        if self._inv_freq is None or self._inv_freq.device != positions.device:  # kept: same every call
-            self._inv_freq = config_inv_freq(self.config, positions.device)
-        return RopeTables.at(positions, self._inv_freq, self.embed_tokens.weight.dtype)
+    def rope(self, positions: Tensor, bound: int) -> RopeTables:
+        """RoPE tables for integer positions [B, S] (all below `bound`), with the config's scaling, in the
+        weights' dtype: looked up in a table of positions 0..P-1, made on first use and remade (at least
+        twice as long) when a longer sequence, another device or dtype comes."""
+        table, dtype = self._rope_table, self.embed_tokens.weight.dtype
+        if table is None or table.cos.device != positions.device or table.cos.dtype != dtype or table.length < bound:
+            size = max(bound, 64, 2 * table.length if table is not None else 0)
+            size = min(size, max(bound, self.config.max_seq_len))
+            every = torch.arange(size, device=positions.device)[None]
+            table = RopeTables.at(every, config_inv_freq(self.config, positions.device), dtype)
+            self._rope_table = table
+        return table.take(positions)
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
@@ -173,23 +180,31 @@ class GRTransformer(nn.Module):
         if attn_mask is None:
             self._check_length(tokens.shape[1])
             positions, attn_mask = causal_attention_inputs(tokens, mask)
-        elif int(positions.max()) >= self.config.max_seq_len:  # packed rows may be longer; positions not
-            raise ValueError(
-                f"position {int(positions.max())} is beyond max_seq_len {self.config.max_seq_len}"
-            )
-        return self._run_full(tokens, positions, attn_mask, keep_kv=False)[0]
+            bound = tokens.shape[1]
+        else:
+            bound = int(positions.max()) + 1
+            if bound > self.config.max_seq_len:  # packed rows may be longer; positions not
+                raise ValueError(f"position {bound - 1} is beyond max_seq_len {self.config.max_seq_len}")
+        return self._run_full(tokens, positions, attn_mask, keep_kv=False, bound=bound)[0]
 
     def _check_length(self, s: int) -> None:
         if s > self.config.max_seq_len:
             raise ValueError(f"sequence of {s} tokens exceeds max_seq_len {self.config.max_seq_len}")
 
     def _run_full(
-        self, tokens: Tensor, positions: Tensor, attn_mask: Tensor, keep_kv: bool, last_only: bool = False
+        self,
+        tokens: Tensor,
+        positions: Tensor,
+        attn_mask: Tensor,
+        keep_kv: bool,
+        last_only: bool = False,
+        bound: int | None = None,
     ):
         """(final hidden [B, S, D], keys, values per layer); with `last_only` the hidden state of the last
         position alone ([B, 1, D]): the last layer's attention, output projection and MLP then run for
-        that position only (the other positions' keys and values are all a prefill keeps of them)."""
-        rope = self.rope(positions)
+        that position only (the other positions' keys and values are all a prefill keeps of them).
+        Positions are below `bound` (default: S, as in left-padded causal rows)."""
+        rope = self.rope(positions, tokens.shape[1] if bound is None else bound)
         attn_mask = attn_mask[:, None]  # [B, 1, S, S]: one mask for every head
         x = self.embed_tokens(tokens)
         if fused_ok(x):  # SDPA's additive form, made once for every layer (what it makes of a bool mask)
@@ -251,20 +266,31 @@ class GRTransformer(nn.Module):
         pos = cache.prefix_len.repeat_interleave(cache.beams)[:, None] + cache.steps + depth  # [N, n]
         # positions, not block length, bound the sequence: a tree of n nodes may be far shallower than n
         deepest = n if tree_mask is None else int(depth.max()) + 1
-        self._check_length(int(cache.prefix_mask.shape[1]) + cache.steps + deepest)
-        rope = self.rope(pos)
+        bound = int(cache.prefix_mask.shape[1]) + cache.steps + deepest
+        self._check_length(bound)
+        rope = self.rope(pos, bound)
         if cache.beam_rows is not None:  # the new block is written into each row's own storage
             t = cache.steps
             cache.beam_rows[:, t : t + n] = torch.arange(rows, device=tokens.device)[:, None]
         x = self.embed_tokens(tokens)  # [N, n, D]
+        planned = self._plan_attention(attend, cache, n, tree_mask, x.dtype)
         for i, block in enumerate(self.layers):
             x = x + block.self_attn.forward_extend(
-                block.input_layernorm(x), rope, cache, i, tree_mask, attend
+                block.input_layernorm(x), rope, cache, i, tree_mask, attend, planned
             )
             x = x + block.mlp(block.post_attention_layernorm(x))
         cache.steps += n
         hidden = self.norm(x)
         return ExtendOutput(self.lm_head(hidden) if logits else None, hidden)
+
+    def _plan_attention(self, attend, cache: KVCache, n: int, tree_mask: Tensor | None, dtype) -> dict:
+        """Keyword arguments every layer's attention call takes in this extend call (masks made once,
+        not once per layer), from the backend's `plan` when it has one."""
+        plan = getattr(attend, "plan", None)
+        if plan is None:
+            return {}
+        cfg = self.config
+        return plan(cache.prefix_mask, cache.steps, tree_mask, cache.beams, n, cfg.n_heads, cfg.n_kv_heads, dtype)
 
     @torch.no_grad()
     def step(

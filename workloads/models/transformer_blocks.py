@@ -4,10 +4,12 @@ Layer and weight names follow the Llama layout (q_proj, gate_proj, input_layerno
 transformer.py.
 
 Decoding on a CPU in fp32 (no autograd) takes fused forms of the same arithmetic: one projection for
-q/k/v and one for gate/up (the weights concatenated per call), GQA and an additive mask inside SDPA.
-Each gives the unfused result bit for bit there (tests/test_fused_blocks.py), so results do not depend
-on the path; a small model's decode step is bound by per-op overhead, which these cut. Training
-(autograd on), half precision and GPUs keep the unfused forms.
+q/k/v and one for gate/up (the weights concatenated per call), RMSNorm as one call, the q and k heads
+normed and rotated together, GQA and an additive mask inside SDPA. Each gives the unfused result bit
+for bit there (tests/test_fused_blocks.py), so results do not depend on the path; a small model's
+decode step is bound by per-op overhead, which these cut. Training (autograd on), half precision and
+GPUs keep the unfused forms. RoPE tables are looked up in a table of every position (GRTransformer.rope)
+on every path.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
+        if fused_ok(x):  # the same ops in one call (x * rsqrt(mean(x^2) + eps), then the weight)
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
         # normalise in fp32 (as Llama does) so bf16 training stays stable; fp32 input is not converted
         xf = x if x.dtype == torch.float32 else x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -104,9 +108,25 @@ class RopeTables:
         sin = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
         return cls(cos.to(dtype), sin.to(dtype))
 
+    @property
+    def length(self) -> int:
+        """Positions a table made `at(arange(P)[None])` covers (P)."""
+        return self.cos.shape[-2]
+
+    def take(self, positions: Tensor) -> RopeTables:
+        """From a table made `at(arange(P)[None])`: the tables of positions [B, S] (all < P), looked up
+        (the same bits as computing them: one lookup instead of the eight ops that make them)."""
+        cos, sin = self.cos[0, 0], self.sin[0, 0]
+        return RopeTables(F.embedding(positions, cos)[:, None], F.embedding(positions, sin)[:, None])
+
     def apply(self, x: Tensor) -> Tensor:
         """x [B, H, S, hd] -> x rotated by its positions' angles."""
         return x * self.cos + x.roll(x.shape[-1] // 2, dims=-1) * self.sin
+
+    def apply_seq_major(self, x: Tensor) -> Tensor:
+        """x [B, S, H, hd] (heads after positions, as projected) -> rotated, same layout."""
+        cos, sin = self.cos.transpose(1, 2), self.sin.transpose(1, 2)  # [B, S, 1, hd]
+        return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
 
 
 class Attention(nn.Module):
@@ -132,9 +152,14 @@ class Attention(nn.Module):
         """q [B, H, S, hd], k/v [B, Hkv, S, hd] (RoPE applied to q and k)."""
         b, s, _ = x.shape
         h, hkv, hd = self.n_heads, self.n_kv_heads, self.head_dim
-        if fused_ok(x):
+        if fused_ok(x):  # q and k heads normed and rotated together: half the ops, the same bits
             qkv = fused_linear(x, (self.q_proj, self.k_proj, self.v_proj)).view(b, s, h + 2 * hkv, hd)
-            q, k, v = qkv.split((h, hkv, hkv), dim=2)
+            qk, v = qkv[:, :, : h + hkv], qkv[:, :, h + hkv :]
+            if self.q_norm is not None:
+                weight = torch.cat([self.q_norm.weight.expand(h, hd), self.k_norm.weight.expand(hkv, hd)])
+                qk = F.rms_norm(qk, (hd,), None, self.q_norm.eps) * weight
+            qk = rope.apply_seq_major(qk)
+            return qk[:, :, :h].transpose(1, 2), qk[:, :, h:].transpose(1, 2), v.transpose(1, 2)
         else:
             q = self.q_proj(x).view(b, s, h, hd)
             k = self.k_proj(x).view(b, s, hkv, hd)
@@ -156,17 +181,18 @@ class Attention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(b, s, -1)), k, v
 
     def forward_extend(
-        self, x: Tensor, rope: RopeTables, cache: KVCache, layer: int, tree_mask, attention
+        self, x: Tensor, rope: RopeTables, cache: KVCache, layer: int, tree_mask, attention, planned=None
     ) -> Tensor:
-        """x [B*W, n, D]: write the block's K/V at steps..steps+n, attend through the backend."""
+        """x [B*W, n, D]: write the block's K/V at steps..steps+n, attend through the backend (`planned`:
+        the keyword arguments its plan made for this extend call)."""
         q, k, v = self._qkv(x, rope)  # q [N, H, n, hd], k/v [N, Hkv, n, hd]
         t, n = cache.steps, x.shape[1]
         cache.beam_k[layer][:, :, t : t + n] = k
         cache.beam_v[layer][:, :, t : t + n] = v
-        bk, bv, extra = cache.beam_k[layer], cache.beam_v[layer], {}
+        bk, bv, extra = cache.beam_k[layer], cache.beam_v[layer], dict(planned or {})
         if cache.beam_rows is not None:
             if getattr(attention, "reads_beam_rows", False):  # the kernel gathers while it loads
-                extra = {"beam_rows": cache.beam_rows}
+                extra["beam_rows"] = cache.beam_rows
             else:  # a backend without the table reads the steps gathered (the new block is its own row)
                 index = beam_step_index(cache.beam_rows[:, : t + n], bk.shape[1], bk.shape[2])
                 bk, bv = cache._steps_of(bk, t + n, index), cache._steps_of(bv, t + n, index)
