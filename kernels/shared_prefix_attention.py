@@ -28,6 +28,7 @@ import math
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 NEG_INF = float("-inf")
@@ -160,10 +161,10 @@ def one_pass_pays(beams: int, beam_keys: int, prompt_len: int, device: torch.dev
 
 
 def one_pass_bias(
-    prefix_mask: Tensor, beam_len: int, tree_mask: Tensor | None, beams: int, n: int, groups: int, kv_heads: int
+    prefix_mask: Tensor, beam_len: int, tree_mask: Tensor | None, beams: int, n: int, groups: int
 ) -> Tensor:
-    """[B*Hkv, W*g*n, S + W*(beam_len+n)] fp32 additive mask of the one-pass form: 0 where a query may see a
-    key, -inf elsewhere. Query rows run (beam, query head of the group, token); keys are the user's prompt,
+    """[B, 1, W*g*n, S + W*(beam_len+n)] fp32 additive mask of the one-pass form (one for every key/value
+    head): 0 where a query may see a key, -inf elsewhere. Query rows run (beam, query head of the group, token); keys are the user's prompt,
     then each beam's `beam_len + n` keys. A query sees the real prompt positions, its own beam's earlier
     steps, and the new tokens its tree mask (causal when None) allows; never a sibling beam's keys."""
     b, s = prefix_mask.shape
@@ -178,29 +179,27 @@ def one_pass_bias(
     own = torch.full((users, beams, groups, n, beams, end), NEG_INF, device=dev)
     seen = torch.zeros(visible.shape, device=dev).masked_fill_(~visible, NEG_INF)
     own.diagonal(dim1=1, dim2=4).copy_(seen.permute(0, 2, 3, 1)[:, None])
-    bias = torch.empty(b, kv_heads, m, s + beams * end, device=dev)
+    bias = torch.empty(b, 1, m, s + beams * end, device=dev)
     bias[..., :s] = torch.zeros(b, 1, 1, s, device=dev).masked_fill_(~prefix_mask[:, None, None, :], NEG_INF)
     bias[..., s:] = own.view(users, 1, m, beams * end)
-    return bias.view(b * kv_heads, m, -1)
+    return bias
 
 
 def one_pass_attention(
     q: Tensor, prefix_k: Tensor, prefix_v: Tensor, beam_k: Tensor, beam_v: Tensor, beam_len: int, bias: Tensor
 ) -> Tensor:
     """One softmax per (user, key/value head) over the prompt and all the user's beams' keys, masked by
-    `one_pass_bias`. Same shapes and result (to rounding) as the staged form; fp32."""
+    `one_pass_bias`, in aten's fused kernel. Same shapes and result (to rounding) as the staged form; fp32."""
     rows, h, n, hd = q.shape
     b, hkv, s, _ = prefix_k.shape
     w, g, end = rows // b, h // hkv, beam_len + n
-    m = w * g * n
-    qg = (q * (1.0 / math.sqrt(hd))).view(b, w, hkv, g, n, hd).transpose(1, 2).reshape(b * hkv, m, hd)
+    qg = q.view(b, w, hkv, g, n, hd).transpose(1, 2).reshape(b, hkv, w * g * n, hd)
 
-    def keys(prefix: Tensor, beam: Tensor) -> Tensor:  # [B*Hkv, S + W*end, hd]: the prompt, then the beams'
+    def keys(prefix: Tensor, beam: Tensor) -> Tensor:  # [B, Hkv, S + W*end, hd]: the prompt, then the beams'
         per_user = beam[:, :, :end].reshape(b, w, hkv, end, hd).transpose(1, 2).reshape(b, hkv, w * end, hd)
-        return torch.cat([prefix, per_user], dim=2).view(b * hkv, s + w * end, hd)
+        return torch.cat([prefix, per_user], dim=2)
 
-    scores = torch.baddbmm(bias, qg, keys(prefix_k, beam_k).transpose(1, 2))
-    out = torch.bmm(torch.softmax(scores, dim=-1), keys(prefix_v, beam_v))
+    out = F.scaled_dot_product_attention(qg, keys(prefix_k, beam_k), keys(prefix_v, beam_v), attn_mask=bias)
     return out.view(b, hkv, w, g, n, hd).transpose(1, 2).reshape(rows, h, n, hd)
 
 
@@ -212,7 +211,7 @@ def plan_one_pass(
     one-pass mask where that form pays (`one_pass_pays`), else nothing (the staged form)."""
     if not one_pass_pays(beams, beam_len + n, prefix_mask.shape[1], prefix_mask.device, dtype):
         return {}
-    return {"one_pass": one_pass_bias(prefix_mask, beam_len, tree_mask, beams, n, heads // kv_heads, kv_heads)}
+    return {"one_pass": one_pass_bias(prefix_mask, beam_len, tree_mask, beams, n, heads // kv_heads)}
 
 
 def causal_tree_mask(rows: int, n: int, device: torch.device | str = "cpu") -> Tensor:
