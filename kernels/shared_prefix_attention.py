@@ -160,25 +160,23 @@ def one_pass_pays(beams: int, beam_keys: int, prompt_len: int, device: torch.dev
     return device.type == "cpu" and dtype == torch.float32 and beams * beam_keys <= ONE_PASS_SLACK + prompt_len
 
 
-def one_pass_bias(
-    prefix_mask: Tensor, beam_len: int, tree_mask: Tensor | None, beams: int, n: int, groups: int
-) -> Tensor:
-    """[B, 1, W*g*n, S + W*(beam_len+n)] fp32 additive mask of the one-pass form (one for every key/value
-    head): 0 where a query may see a key, -inf elsewhere. Query rows run (beam, query head of the group, token); keys are the user's prompt,
+def one_pass_bias(prefix_mask: Tensor, beam_len: int, tree_mask: Tensor | None, beams: int, n: int) -> Tensor:
+    """[B, 1, W*n, S + W*(beam_len+n)] fp32 additive mask of the one-pass form (one for every head): 0 where
+    a query may see a key, -inf elsewhere. Query rows run (beam, token); keys are the user's prompt,
     then each beam's `beam_len + n` keys. A query sees the real prompt positions, its own beam's earlier
     steps, and the new tokens its tree mask (causal when None) allows; never a sibling beam's keys."""
     b, s = prefix_mask.shape
-    end, dev, m = beam_len + n, prefix_mask.device, beams * groups * n
+    end, dev, m = beam_len + n, prefix_mask.device, beams * n
     if tree_mask is None:  # one pattern for every beam: (i, e) visible when e <= beam_len + i
         visible = torch.ones(n, end, dtype=torch.bool, device=dev).tril(beam_len)[None, None]
     else:  # [B, W, n, end]: earlier steps, then the row's tree
         earlier = torch.ones(b * beams, n, beam_len, dtype=torch.bool, device=dev)
         visible = torch.cat([earlier, tree_mask], dim=-1).view(b, beams, n, end)
     users = visible.shape[0]
-    # own[u, w, g, i, w2, e]: query (w, g, i) against key e of beam w2: -inf unless w2 == w and visible
-    own = torch.full((users, beams, groups, n, beams, end), NEG_INF, device=dev)
+    # own[u, w, i, w2, e]: query (w, i) against key e of beam w2: -inf unless w2 == w and visible
+    own = torch.full((users, beams, n, beams, end), NEG_INF, device=dev)
     seen = torch.zeros(visible.shape, device=dev).masked_fill_(~visible, NEG_INF)
-    own.diagonal(dim1=1, dim2=4).copy_(seen.permute(0, 2, 3, 1)[:, None])
+    own.diagonal(dim1=1, dim2=3).copy_(seen.permute(0, 2, 3, 1))
     bias = torch.empty(b, 1, m, s + beams * end, device=dev)
     bias[..., :s] = torch.zeros(b, 1, 1, s, device=dev).masked_fill_(~prefix_mask[:, None, None, :], NEG_INF)
     bias[..., s:] = own.view(users, 1, m, beams * end)
@@ -188,19 +186,22 @@ def one_pass_bias(
 def one_pass_attention(
     q: Tensor, prefix_k: Tensor, prefix_v: Tensor, beam_k: Tensor, beam_v: Tensor, beam_len: int, bias: Tensor
 ) -> Tensor:
-    """One softmax per (user, key/value head) over the prompt and all the user's beams' keys, masked by
-    `one_pass_bias`, in aten's fused kernel. Same shapes and result (to rounding) as the staged form; fp32."""
+    """One softmax per (user, query head) over the prompt and all the user's beams' keys, masked by
+    `one_pass_bias`, in aten's fused kernel (which maps query heads to their key/value head itself).
+    Same shapes and result (to rounding) as the staged form; fp32."""
     rows, h, n, hd = q.shape
     b, hkv, s, _ = prefix_k.shape
-    w, g, end = rows // b, h // hkv, beam_len + n
-    qg = q.view(b, w, hkv, g, n, hd).transpose(1, 2).reshape(b, hkv, w * g * n, hd)
+    w, end = rows // b, beam_len + n
+    qu = q.view(b, w, h, n, hd).transpose(1, 2).reshape(b, h, w * n, hd)  # a user's queries: (beam, token)
 
     def keys(prefix: Tensor, beam: Tensor) -> Tensor:  # [B, Hkv, S + W*end, hd]: the prompt, then the beams'
         per_user = beam[:, :, :end].reshape(b, w, hkv, end, hd).transpose(1, 2).reshape(b, hkv, w * end, hd)
         return torch.cat([prefix, per_user], dim=2)
 
-    out = F.scaled_dot_product_attention(qg, keys(prefix_k, beam_k), keys(prefix_v, beam_v), attn_mask=bias)
-    return out.view(b, hkv, w, g, n, hd).transpose(1, 2).reshape(rows, h, n, hd)
+    out = F.scaled_dot_product_attention(
+        qu, keys(prefix_k, beam_k), keys(prefix_v, beam_v), attn_mask=bias, enable_gqa=h > hkv
+    )
+    return out.view(b, h, w, n, hd).transpose(1, 2).reshape(rows, h, n, hd)
 
 
 def plan_one_pass(
@@ -211,7 +212,7 @@ def plan_one_pass(
     one-pass mask where that form pays (`one_pass_pays`), else nothing (the staged form)."""
     if not one_pass_pays(beams, beam_len + n, prefix_mask.shape[1], prefix_mask.device, dtype):
         return {}
-    return {"one_pass": one_pass_bias(prefix_mask, beam_len, tree_mask, beams, n, heads // kv_heads)}
+    return {"one_pass": one_pass_bias(prefix_mask, beam_len, tree_mask, beams, n)}
 
 
 def causal_tree_mask(rows: int, n: int, device: torch.device | str = "cpu") -> Tensor:
