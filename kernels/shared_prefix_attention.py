@@ -155,9 +155,13 @@ def shared_prefix_attention_torch(
 ONE_PASS_SLACK = 128
 
 
-def one_pass_pays(beams: int, beam_keys: int, prompt_len: int, device: torch.device, dtype: torch.dtype) -> bool:
+def one_pass_pays(
+    beams: int, beam_keys: int, prompt_len: int, device: torch.device, dtype: torch.dtype
+) -> bool:
     """Whether a layer takes the one-pass form: fp32 on a CPU, and few beam keys per user (see above)."""
-    return device.type == "cpu" and dtype == torch.float32 and beams * beam_keys <= ONE_PASS_SLACK + prompt_len
+    return (
+        device.type == "cpu" and dtype == torch.float32 and beams * beam_keys <= ONE_PASS_SLACK + prompt_len
+    )
 
 
 def one_pass_bias(prefix_mask: Tensor, beam_len: int, tree_mask: Tensor | None, beams: int, n: int) -> Tensor:
@@ -205,7 +209,13 @@ def one_pass_attention(
 
 
 def plan_one_pass(
-    prefix_mask: Tensor, beam_len: int, tree_mask: Tensor | None, beams: int, n: int, heads: int, kv_heads: int,
+    prefix_mask: Tensor,
+    beam_len: int,
+    tree_mask: Tensor | None,
+    beams: int,
+    n: int,
+    heads: int,
+    kv_heads: int,
     dtype: torch.dtype,
 ) -> dict[str, Tensor]:
     """What the torch backend takes, beside its arguments, in every layer of one extend call: the

@@ -325,13 +325,14 @@ def check_draft_given(cfg: ExperimentConfig) -> None:
         )
 
 
-def check_draft_input(cfg: ExperimentConfig, data: Path, sizes: list[int]) -> None:
-    """The draft folder holds a checkpoint on the dataset's codec (config.json only: the trials load it)."""
+def check_draft_input(cfg: ExperimentConfig, target: Path, sizes: list[int], role: str) -> None:
+    """The draft folder holds a checkpoint on the target's codes (config.json only: the trials load it):
+    the dataset's codebook sizes, or an imported model's SID table's (which may skip unused codes)."""
     from genrec.workloads.decoding.draft import check_same_codec, checkpoint_codebook_sizes
 
     try:
         draft_sizes = checkpoint_codebook_sizes(cfg.draft)
-        check_same_codec(cfg.draft, draft_sizes, data, tuple(sizes), target_role="dataset")
+        check_same_codec(cfg.draft, draft_sizes, target, tuple(sizes), target_role=role)
     except UserInputError as e:
         raise UserInputError(f"`draft`: {e}") from None
 
@@ -351,9 +352,9 @@ def check_inputs(cfg: ExperimentConfig) -> None:
         raise UserInputError(
             f"`dataset.path`: {data}/manifest.json is unreadable ({e}); rebuild it"
         ) from None
-    if cfg.draft is not None:
-        check_draft_input(cfg, data, sizes)
     if cfg.model.checkpoint is None:
+        if cfg.draft is not None:
+            check_draft_input(cfg, data, sizes, "dataset")
         return  # trained by the sweep from this dataset
     ckpt = cfg.model.checkpoint
     if not ((ckpt / "config.json").is_file() and (ckpt / "model.safetensors").is_file()):
@@ -373,7 +374,11 @@ def check_inputs(cfg: ExperimentConfig) -> None:
             f"`model.checkpoint`: {ckpt}/config.json: `codec` holds no codebook_sizes ({e!r}); retrain it"
         ) from None
     if "imported" in config:  # its SID table may skip codes no item uses: the pre-flight's load_context
-        return  # checks the dataset's items against the table itself
+        if cfg.draft is not None:  # checks the dataset's items against the table itself
+            check_draft_input(cfg, ckpt, ckpt_sizes, "model")
+        return
+    if cfg.draft is not None:
+        check_draft_input(cfg, data, sizes, "dataset")
     if list(ckpt_sizes) != list(sizes):
         raise UserInputError(
             f"`model.checkpoint`: {ckpt} was trained for codebook sizes {ckpt_sizes}, but the dataset "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 
 import numpy as np
 import pytest
@@ -187,3 +188,30 @@ def test_serve_refuses_a_bad_hf_path_before_ray_starts(world, cache, capsys):
     code, _, err = run_cli(["serve", "--model", "hf:/nowhere/at/all", "--data", str(data)], capsys)
     assert code == 2 and err.count("\n") == 1 and "--model (or args.model) hf:/nowhere" in err, err
     assert entries(cache) == []
+
+
+def test_a_sweep_checks_a_draft_against_an_imported_targets_sid_table(world, cache, tmp_path):
+    """An imported target's SID table may skip codes no item uses, so its sizes differ from the data
+    set's: a sweep's draft is checked against the table (an imported draft with the same SID tokens
+    passes), not against the data set."""
+    from genrec.platform.experiment_checks import check_inputs
+    from genrec.platform.experiment_loading import experiment_from_dict
+
+    _, data, _, imported = world
+    table_sizes = json.loads((imported / "config.json").read_text())["codec"]["codebook_sizes"]
+    data_sizes = json.loads((data / "manifest.json").read_text())["codebook_sizes"]
+    assert table_sizes != data_sizes  # the case: 25 % of levels 2 and 3 used
+
+    def experiment(draft) -> object:
+        raw = {"name": "x", "dataset": {"path": str(data)}, "model": {"checkpoint": str(imported)}}
+        return experiment_from_dict(
+            {**raw, "decoder": "atspeed_strict", "draft": str(draft)}, base_dir=tmp_path
+        )
+
+    check_inputs(experiment(imported))  # the import as its own draft: same table
+    foreign = tmp_path / "ours_on_data"  # a draft on the data set's sizes (config.json is all it reads)
+    foreign.mkdir()
+    (foreign / "model.safetensors").write_bytes(b"")
+    (foreign / "config.json").write_text(json.dumps({"codec": {"codebook_sizes": data_sizes}}))
+    with pytest.raises(UserInputError, match=re.escape(f"but the model {imported} has {table_sizes}")):
+        check_inputs(experiment(foreign))

@@ -39,7 +39,10 @@ def bpe_tokenizer(kind: str, sid_tokens: list[str]) -> Tokenizer:
         tok.decoder = decoders.Metaspace(prepend_scheme="first")
         alphabet = []
     trainer = trainers.BpeTrainer(
-        vocab_size=200, special_tokens=["<unk>", "<s>", "</s>"], initial_alphabet=alphabet, show_progress=False
+        vocab_size=200,
+        special_tokens=["<unk>", "<s>", "</s>"],
+        initial_alphabet=alphabet,
+        show_progress=False,
     )
     tok.train_from_iterator(CORPUS + ["\n"], trainer)
     tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
@@ -69,7 +72,9 @@ def test_assembled_prompts_equal_the_tokenizers_encoding(parts, name, data):
     enc = PromptEncoder(TEMPLATES[name], *parts)
     assert enc._pieces is not None, "this tokenizer and template compose: the fast path must be taken"
     histories = [
-        np.array([[data.draw(st.integers(0, t - 1)) for t in SIZES] for _ in range(data.draw(st.integers(1, 12)))])
+        np.array(
+            [[data.draw(st.integers(0, t - 1)) for t in SIZES] for _ in range(data.draw(st.integers(1, 12)))]
+        )
         for _ in range(data.draw(st.integers(1, 3)))
     ]
     assert enc.encode_batch(histories) == [whole(enc, h) for h in histories]

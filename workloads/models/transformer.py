@@ -138,7 +138,12 @@ class GRTransformer(nn.Module):
         weights' dtype: looked up in a table of positions 0..P-1, made on first use and remade (at least
         twice as long) when a longer sequence, another device or dtype comes."""
         table, dtype = self._rope_table, self.embed_tokens.weight.dtype
-        if table is None or table.cos.device != positions.device or table.cos.dtype != dtype or table.length < bound:
+        if (
+            table is None
+            or table.cos.device != positions.device
+            or table.cos.dtype != dtype
+            or table.length < bound
+        ):
             size = max(bound, 64, 2 * table.length if table is not None else 0)
             size = min(size, max(bound, self.config.max_seq_len))
             every = torch.arange(size, device=positions.device)[None]
@@ -290,7 +295,9 @@ class GRTransformer(nn.Module):
         if plan is None:
             return {}
         cfg = self.config
-        return plan(cache.prefix_mask, cache.steps, tree_mask, cache.beams, n, cfg.n_heads, cfg.n_kv_heads, dtype)
+        return plan(
+            cache.prefix_mask, cache.steps, tree_mask, cache.beams, n, cfg.n_heads, cfg.n_kv_heads, dtype
+        )
 
     @torch.no_grad()
     def step(

@@ -51,7 +51,11 @@ class PromptPieces:
 
     @classmethod
     def build(
-        cls, template: PromptTemplate, tokenizer: Tokenizer, table: SIDTokenTable, sid_strings: list[list[str]]
+        cls,
+        template: PromptTemplate,
+        tokenizer: Tokenizer,
+        table: SIDTokenTable,
+        sid_strings: list[list[str]],
     ) -> PromptPieces | None:
         """The pieces of `template` for this tokenizer, or None where composing them would not give the
         tokenizer's own ids (see the module doc)."""
@@ -61,7 +65,9 @@ class PromptPieces:
             pieces.head, pieces.foot = pieces._specials()
             for n in CHECKED_LENGTHS[: template.max_history or len(CHECKED_LENGTHS)]:
                 codes = sample_codes(table, n)
-                text = template.render_strings([[sid_strings[lv][c] for lv, c in enumerate(r)] for r in codes])
+                text = template.render_strings(
+                    [[sid_strings[lv][c] for lv, c in enumerate(r)] for r in codes]
+                )
                 whole = tokenizer.encode(text, add_special_tokens=template.add_special_tokens).ids
                 if pieces.ids(codes) != whole:
                     raise NotComposable(f"{n} items: assembled ids differ from the tokenizer's")
@@ -122,7 +128,9 @@ class PromptPieces:
 
     def _check_sid_strings(self) -> None:
         """Every SID string (of a code with a token), written between others, is one token: the table's."""
-        pairs = [(s, t) for strings, ids in zip(self.sid_strings, self.table.ids) for s, t in zip(strings, ids)]
+        pairs = [
+            (s, t) for strings, ids in zip(self.sid_strings, self.table.ids) for s, t in zip(strings, ids)
+        ]
         pairs = [(s, t) for s, t in pairs if t != NO_TOKEN]
         got = self.tokenizer.encode("".join(s for s, _ in pairs), add_special_tokens=False).ids
         if got != [t for _, t in pairs]:
@@ -144,4 +152,6 @@ class PromptPieces:
 def sample_codes(table: SIDTokenTable, n: int) -> np.ndarray:
     """[n, L] codes with tokens, spread over each level's range: the histories a check assembles."""
     present = [[c for c, t in enumerate(level) if t != NO_TOKEN] for level in table.ids]
-    return np.array([[codes[(7 * k + 3 * lv) % len(codes)] for lv, codes in enumerate(present)] for k in range(n)])
+    return np.array(
+        [[codes[(7 * k + 3 * lv) % len(codes)] for lv, codes in enumerate(present)] for k in range(n)]
+    )
