@@ -215,3 +215,28 @@ def test_a_sweep_checks_a_draft_against_an_imported_targets_sid_table(world, cac
     (foreign / "config.json").write_text(json.dumps({"codec": {"codebook_sizes": data_sizes}}))
     with pytest.raises(UserInputError, match=re.escape(f"but the model {imported} has {table_sizes}")):
         check_inputs(experiment(foreign))
+
+
+def test_the_key_reads_the_items_sids_not_their_file_layout(world, tmp_path):
+    """The items' SIDs are keyed by content: the same table written with other row groups keeps the key,
+    one changed code changes it."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from genrec.workloads.models.hf_cache import cache_key
+
+    _, data, hf, _ = world
+    table = pq.read_table(data / "items.parquet")
+    pq.write_table(table, tmp_path / "split.parquet", row_group_size=7)
+    assert cache_key(hf, tmp_path / "split.parquet", "lcrec") == cache_key(
+        hf, data / "items.parquet", "lcrec"
+    )
+    sids = table.column("sid").to_pylist()
+    sids[3] = [sids[3][0], sids[3][1], sids[3][2] + 1]
+    changed = table.set_column(
+        table.schema.get_field_index("sid"), "sid", pa.array(sids, table.schema.field("sid").type)
+    )
+    pq.write_table(changed, tmp_path / "changed.parquet")
+    assert cache_key(hf, tmp_path / "changed.parquet", "lcrec") != cache_key(
+        hf, data / "items.parquet", "lcrec"
+    )

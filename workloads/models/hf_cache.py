@@ -15,9 +15,9 @@ from changes. The import takes:
 The cache key hashes what decides the import's result: config.json, tokenizer.json,
 generation_config.json, prompt_template.json and model.safetensors.index.json by content; each
 *.safetensors file by its header (names, shapes, dtypes, offsets), size and mtime (a rewritten weight file
-gets a new mtime; hashing gigabytes on every call would cost more than the import); the items' SIDs by
-content; and the options above. The import itself writes a temporary sibling renamed into place, so a
-failed or interrupted import leaves no cache entry.
+gets a new mtime; hashing gigabytes on every call would cost more than the import); the items' ids and
+SIDs by content (as flat arrays); and the options above. The import itself writes a temporary
+sibling renamed into place, so a failed or interrupted import leaves no cache entry.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from genrec.workloads.errors import UserInputError
 
 HF_PREFIX = "hf:"
 CACHE_ENV, DEFAULT_CACHE = "GENREC_HF_CACHE", Path("runs/cache/hf")
-CACHE_FORMAT = 1  # bump when the import's output changes for the same inputs
+CACHE_FORMAT = 2  # bump when the import's output changes for the same inputs
 PRESET_ORDER = ("lcrec", "openonerec")
 HASHED_FILES = (
     "config.json",
@@ -147,6 +147,16 @@ def safetensors_header(file: Path) -> bytes:
     return header
 
 
+def sid_arrays(table) -> tuple:
+    """(item ids, SID lengths, SID values) of an items table as numpy arrays (its logical content)."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    sid = table.column("sid").combine_chunks()
+    flat = [table.column("item_id"), pc.list_value_length(sid), pc.list_flatten(sid)]
+    return tuple(np.ascontiguousarray(x.to_numpy(zero_copy_only=False)) for x in flat)
+
+
 def cache_key(src: Path, items: Path, pattern: str) -> str:
     """sha256 over the import's inputs (module doc)."""
     import pyarrow.parquet as pq
@@ -160,6 +170,9 @@ def cache_key(src: Path, items: Path, pattern: str) -> str:
         st = file.stat()
         h.update(f"\0{file.name}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
         h.update(hashlib.sha256(safetensors_header(file)).digest())
-    sids = pq.read_table(items, columns=["item_id", "sid"])  # the SIDs by content, not the file's mtime
-    h.update(json.dumps(sids.to_pydict(), default=str).encode())
+    # the SIDs by content (not the file's mtime), as flat arrays: one pass over the bytes, the same for any
+    # row-group layout (a million items of 3 codes: 0.20 s, against 1.7 s through Python objects)
+    for part in sid_arrays(pq.read_table(items, columns=["item_id", "sid"])):
+        h.update(f"\0{part.dtype}\0{part.size}\0".encode())
+        h.update(part.tobytes() if part.dtype != object else "\0".join(map(str, part)).encode())
     return h.hexdigest()
