@@ -240,3 +240,14 @@ def test_the_key_reads_the_items_sids_not_their_file_layout(world, tmp_path):
     assert cache_key(hf, tmp_path / "changed.parquet", "lcrec") != cache_key(
         hf, data / "items.parquet", "lcrec"
     )
+
+
+def test_a_config_deployed_with_ray_serve_deploy_resolves_hf(world, cache):
+    """Ray's own `serve deploy FILE` calls build_app with the file's args: hf:DIR resolves there too."""
+    pytest.importorskip("ray.serve")
+    from genrec.platform.serve.app import build_app
+
+    _, data, hf, _ = world
+    app = build_app({"model": f"hf:{hf}", "data": str(data), "device": "cpu"})
+    bound = app._bound_deployment.init_args[0]
+    assert bound["model"] == str(cached_import(f"hf:{hf}", data).folder)

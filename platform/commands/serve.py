@@ -103,14 +103,16 @@ def serve_command(
 
 def resolve_served_models(args: dict, overrides: dict) -> None:
     """hf:DIR as model or draft (flag or config file) -> its cached import, before paths turn absolute;
-    the items' SIDs come from --data / args.data (workloads/models/hf_cache.py)."""
-    from genrec.workloads.models.hf_cache import is_hf_spec, resolve_model
+    the items' SIDs come from --data / args.data (serve/config.py resolve_hf_models)."""
+    from genrec.platform.serve.config import resolve_hf_models
 
-    data = overrides["data"] or args.get("data")
-    for key in ("model", "draft"):
-        given = overrides[key] if overrides[key] is not None else args.get(key)
-        if is_hf_spec(given):
-            overrides[key] = str(resolve_model(given, data, role=f"--{key} (or args.{key})"))
+    given = {
+        key: overrides[key] if overrides[key] is not None else args.get(key) for key in ("model", "draft")
+    }
+    resolved = resolve_hf_models(given, overrides["data"] or args.get("data"), how="--{key} (or args.{key})")
+    for key, value in resolved.items():
+        if value != given[key]:
+            overrides[key] = value
 
 
 def check_decoders_fit(cfg) -> None:

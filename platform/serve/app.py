@@ -74,6 +74,7 @@ from genrec.platform.serve.config import (
     BatchingConfig,
     check_model_dir,
     parse_serve_config,
+    resolve_hf_models,
 )
 from genrec.platform.serve.deployment_options import deployment_options
 from genrec.platform.serve.front_door import FrontDoorOnly
@@ -348,7 +349,7 @@ def build_app(args: dict[str, Any]):
     """Application builder (`serve deploy` passes the config file's `args`)."""
     import ray
 
-    cfg = parse_serve_config(dict(args)).resolved()
+    cfg = parse_serve_config(resolve_hf_models(dict(args))).resolved()
     check_model_dir(cfg)
     cluster = ray.cluster_resources() if ray.is_initialized() else {}
     if cfg.device == "auto" and actor_resources(cluster, cfg.threads, cfg.num_gpus)["num_gpus"] > 0:

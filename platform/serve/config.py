@@ -220,6 +220,22 @@ class ServeConfig(_Strict):
         )
 
 
+def resolve_hf_models(
+    args: dict[str, Any], data: str | None = None, how: str = "args.{key}"
+) -> dict[str, Any]:
+    """`args` with `model` / `draft` given as hf:DIR replaced by the cached import's folder (the items'
+    SIDs from `data`, else args' `data`; workloads/models/hf_cache.py). `genrec serve` and a config
+    deployed with Ray's own `serve deploy` (build_app) both take this path."""
+    from genrec.workloads.models.hf_cache import is_hf_spec, resolve_model
+
+    data = data or args.get("data")
+    out = dict(args)
+    for key in ("model", "draft"):
+        if is_hf_spec(out.get(key)):
+            out[key] = str(resolve_model(out[key], data, role=how.format(key=key)))
+    return out
+
+
 def parse_serve_config(args: dict[str, Any], where: str = "serve config") -> ServeConfig:
     """Validate the app's arguments, decoder defaults included, before Ray or a replica starts."""
     try:
