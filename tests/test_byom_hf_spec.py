@@ -251,3 +251,16 @@ def test_a_config_deployed_with_ray_serve_deploy_resolves_hf(world, cache):
     app = build_app({"model": f"hf:{hf}", "data": str(data), "device": "cpu"})
     bound = app._bound_deployment.init_args[0]
     assert bound["model"] == str(cached_import(f"hf:{hf}", data).folder)
+
+
+def test_simultaneous_uses_import_once(world, cache, capsys):
+    """Two users of one hf:DIR at once (threads here; flock holds between processes alike): one imports,
+    the other waits for it and reuses the entry."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    _, data, hf, _ = world
+    with ThreadPoolExecutor(2) as pool:
+        done = list(pool.map(lambda _: cached_import(f"hf:{hf}", data), range(2)))
+    assert done[0].folder == done[1].folder
+    assert sorted(d.imported for d in done) == [False, True]
+    assert capsys.readouterr().err.count("importing") == 1

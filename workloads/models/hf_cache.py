@@ -17,7 +17,8 @@ generation_config.json, prompt_template.json and model.safetensors.index.json by
 *.safetensors file by its header (names, shapes, dtypes, offsets), size and mtime (a rewritten weight file
 gets a new mtime; hashing gigabytes on every call would cost more than the import); the items' ids and
 SIDs by content (as flat arrays); and the options above. The import itself writes a temporary
-sibling renamed into place, so a failed or interrupted import leaves no cache entry.
+sibling renamed into place, so a failed or interrupted import leaves no cache entry; two processes that
+need the same entry at once import it once (a lock on the cache folder), the second then reuses it.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ import hashlib
 import json
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,12 +97,30 @@ def cached_import(
     folder = (cache_root() / f"{src.resolve().name}-{key[:16]}").resolve()
     if (folder / "config.json").is_file():  # renamed into place whole: present means complete
         return CachedImport(folder, False)
-    print(f"importing {spec} -> {folder} (first use)", file=sys.stderr, flush=True)
-    try:
-        import_hf_checkpoint(src, items, folder, pattern, template)
-    except UserInputError as e:  # which argument the refused import came from
-        raise UserInputError(f"{where}: {e}") from None
+    with import_lock(folder):  # another process importing the same entry: wait for it, then reuse
+        if (folder / "config.json").is_file():
+            return CachedImport(folder, False)
+        print(f"importing {spec} -> {folder} (first use)", file=sys.stderr, flush=True)
+        try:
+            import_hf_checkpoint(src, items, folder, pattern, template)
+        except UserInputError as e:  # which argument the refused import came from
+            raise UserInputError(f"{where}: {e}") from None
     return CachedImport(folder, True)
+
+
+@contextmanager
+def import_lock(folder: Path) -> Iterator[None]:
+    """An exclusive lock on imports into `folder`'s cache root (flock on the directory itself: no lock
+    file is left behind; imports are rare, so one at a time per cache is no loss)."""
+    import fcntl
+
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder.parent, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def items_file(data: str | os.PathLike | None, where: str) -> Path:
