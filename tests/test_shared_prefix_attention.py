@@ -96,7 +96,7 @@ def test_one_pass_is_planned_only_where_it_pays():
     mask = torch.ones(2, 10, dtype=torch.bool)
     plan = spa.plan_one_pass
     assert plan(mask, 1, None, 20, 1, 4, 2, torch.float32)  # 40 beam keys per user
-    assert not plan(mask, 1, None, 100, 1, 4, 2, torch.float32)  # 200 > ONE_PASS_SLACK + 10
+    assert not plan(mask, 1, None, 128, 1, 4, 2, torch.float32)  # 256 > ONE_PASS_SLACK + 10
     assert not plan(mask, 1, None, 20, 1, 4, 2, torch.bfloat16)  # half precision: the staged form in fp32
     assert spa.get_attention_backend("torch").plan is plan
 
