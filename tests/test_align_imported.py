@@ -213,19 +213,21 @@ def test_the_draft_is_ours_on_the_tables_codes(world):
 
 
 # --- decoding ---------------------------------------------------------------------------------------
-def atspeed_run(world, draft: str, decoder: str = "atspeed_strict"):
+def atspeed_run(world, draft: str, decoder: str = "atspeed_strict", level_softmax: bool = False):
     ctx, ds, _ = load_context(world / "m", world / "d", "cpu", draft_dir=world / draft)
     hist = [ex.history for ex in ds.eval_examples("test")]
-    beam = get_decoder("beam")
-    ref = beam.decode(ctx, hist, make_params(beam, {"k": 5, "beam_width": 5}))
+    beam, base = get_decoder("beam"), {"k": 5, "beam_width": 5, "level_softmax": level_softmax}
+    ref = beam.decode(ctx, hist, make_params(beam, base))
     dec = get_decoder(decoder)
-    got = dec.decode(ctx, hist, make_params(dec, {"k": 5, "beam_width": 5, "draft_beams": 10, "gamma": 2}))
+    got = dec.decode(ctx, hist, make_params(dec, {**base, "draft_beams": 10, "gamma": 2}))
     return ctx, ref, got
 
 
-@pytest.mark.parametrize("draft", ["draft", "sft"])
-def test_atspeed_strict_with_our_draft_equals_beam_on_the_import(world, draft):
-    ctx, ref, got = atspeed_run(world, draft)
+@pytest.mark.parametrize("draft,level_softmax", [("draft", False), ("sft", False), ("draft", True)])
+def test_atspeed_strict_with_our_draft_equals_beam_on_the_import(world, draft, level_softmax):
+    """strict AtSpeed with a draft of ours returns the import's beam search; also with level_softmax (each
+    model's levels over their own tokens: the import's SID ids, the draft's level-offset ids)."""
+    ctx, ref, got = atspeed_run(world, draft, level_softmax=level_softmax)
     assert ctx.draft_codec is not None and ctx.draft_codec.codebook_sizes == ctx.codec.codebook_sizes
     assert_same_top_k(got, ref)  # every user (a float tie may swap two equal scores)
     assert got.counters["sd_steps"] > 0

@@ -75,13 +75,18 @@ def same_top_k(a, b):
     tree=st.booleans(),
     constraint=st.sampled_from(["none", "cold_start"]),
     draft=st.sampled_from(["random", "untrained", "self"]),
+    level_softmax=st.booleans(),
 )
-def test_strict_equals_target_beam_search(sizes, seed, k, extra, gamma, batch, tree, constraint, draft):
+def test_strict_equals_target_beam_search(
+    sizes, seed, k, extra, gamma, batch, tree, constraint, draft, level_softmax
+):
+    """strict AtSpeed returns the target's beam search, also when both models score each level over its own
+    tokens (`level_softmax`, the same flag on beam)."""
     ctx = make_ctx(sizes, seed, draft)
     rng = np.random.default_rng(seed)
     hist = [list(rng.integers(0, len(ctx.item_codes), rng.integers(1, 4))) for _ in range(batch)]
     beam, at = get_decoder("beam"), get_decoder("atspeed_strict")
-    base = {"beam_width": k, "k": k, "constraint": constraint}
+    base = {"beam_width": k, "k": k, "constraint": constraint, "level_softmax": level_softmax}
     want = beam.decode(ctx, hist, make_params(beam, base))
     got = at.decode(
         ctx, hist, make_params(at, {**base, "draft_beams": k + extra, "gamma": gamma, "tree_attention": tree})

@@ -49,7 +49,7 @@ from genrec.workloads.decoding.draft_tree import DraftLevel, DraftTree, verify_l
 from genrec.workloads.decoding.needs import DRAFT_MODEL, Need
 from genrec.workloads.decoding.params import BeamParams
 from genrec.workloads.decoding.processors import ConstraintProcessor
-from genrec.workloads.decoding.scorers import BackboneScorer, codec_log_probs
+from genrec.workloads.decoding.scorers import LevelReader
 from genrec.workloads.decoding.template import decode_result, finish_timed, timed_prompts
 from genrec.workloads.decoding.tree_verify import RelaxedVerification, StepOutcome, StrictVerification
 from genrec.workloads.errors import UserInputError
@@ -73,6 +73,10 @@ class AtSpeedParams(BeamParams):
     # the decided beams, the support p has (correct); "drafted": over the children of all N drafted
     # beams, unnormalised there (the authors' code: it accepts more and follows the draft more)
     q_support: str = "decided"
+    # both models score a level by the softmax over its own tokens (scorers.LevelReader), as `beam` does
+    # with the same flag: strict then equals `beam` with level_softmax, and a draft aligned with
+    # `--level-softmax` is decoded by the distribution it was aligned to
+    level_softmax: bool = False
 
     def validate(self) -> None:
         super().validate()
@@ -94,7 +98,7 @@ class Models:
 
     target: GRTransformer
     draft: GRTransformer
-    target_root: Tensor  # [B, V] logits at the prompt's end
+    target_root: Tensor  # [B, V] logits at the prompt's end ([B, D] hidden states with level_softmax)
     draft_root: Tensor
     target_prompt: KVCache
     draft_prompt: KVCache
@@ -108,7 +112,8 @@ class DecodeRun:
     params: AtSpeedParams
     relaxed: bool
     codec: SIDCodec
-    draft_codec: SIDCodec  # the draft's ids (codes are shared: a draft of ours beside an imported target)
+    target_read: LevelReader  # how each model's outputs become level log-probs (logits or hidden states)
+    draft_read: LevelReader  # the draft's ids (codes are shared: a draft of ours beside an imported target)
     processors: list[LevelProcessor]
     gen: torch.Generator  # relaxed: the draft's sampling and the accept / resample draws
     timer: PhaseTimer
@@ -124,24 +129,25 @@ def draft_levels(
 
     Returns the levels' choices, the draft's log-probabilities of the decided beams [G, w] and the
     number of draft calls."""
-    m, codec, processors = run.models, run.draft_codec, run.processors
-    width, attention = run.params.draft_beams, run.params.attention
+    m, read, processors = run.models, run.draft_read, run.processors
+    codec, width, attention = read.codec, run.params.draft_beams, run.params.attention
     g, w, t = committed.shape
     prompt = m.draft_prompt.prompt_of(users)
     root = m.draft_root.index_select(0, users)
     if t == 0:  # from the empty prefix: an ordinary search start
-        scorer = BackboneScorer(m.draft, codec, root, prompt, width, attention)
+        scorer = read.scorer(root, prompt, width, attention)
         res = run_beam_search(scorer, processors, g, width, gamma, root.device, select=select)
         return res.choices, torch.zeros(g, 1, device=root.device), scorer.calls - 1
     rows = torch.arange(width, device=root.device).clamp(max=w - 1)  # surplus rows repeat beam w-1, at -inf
     codes = committed[:, rows]
     alive = torch.isfinite(target_scores)[:, rows] & (torch.arange(width, device=root.device) < w)
     cache = prompt.expand(width, codec.levels)
-    logits = m.draft.extend(codec.prefix_to_tokens(codes).view(g * width, t), cache, None, attention).logits
-    score = prefix_log_prob(root, logits, codes, codec)
+    tokens = codec.prefix_to_tokens(codes).view(g * width, t)
+    outs = read.of(m.draft.extend(tokens, cache, None, attention, logits=not read.level_softmax))
+    score = prefix_log_prob(root, outs, codes, read)
     score = torch.where(alive, score, NEG_INF)
     states = replay_processors(processors, codes, codec.codebook_sizes)
-    scorer = BackboneScorer(m.draft, codec, logits[:, -1], cache, width, attention, expanded=True)
+    scorer = read.scorer(outs[:, -1], cache, width, attention, expanded=True)
     res = run_beam_search(
         scorer,
         processors,
@@ -155,13 +161,13 @@ def draft_levels(
     return res.choices, score[:, :w], scorer.calls
 
 
-def prefix_log_prob(root: Tensor, logits: Tensor, codes: Tensor, codec: SIDCodec) -> Tensor:
-    """A model's log-probability [G, W] of prefixes `codes` [G, W, t] from its root logits [G, V] and its
-    logits at the prefix positions [G*W, t, V] (teacher forcing)."""
+def prefix_log_prob(root: Tensor, outs: Tensor, codes: Tensor, read: LevelReader) -> Tensor:
+    """A model's log-probability [G, W] of prefixes `codes` [G, W, t] from its outputs at the root [G, X]
+    and at the prefix positions [G*W, t, X] (teacher forcing; X: logits or hidden states, see `read`)."""
     g, w, t = codes.shape
-    total = codec_log_probs(root, codec, 0).gather(1, codes[:, :, 0])
+    total = read.log_probs(root, 0).gather(1, codes[:, :, 0])
     for level in range(1, t):
-        lp = codec_log_probs(logits[:, level - 1], codec, level).view(g, w, -1)
+        lp = read.log_probs(outs[:, level - 1], level).view(g, w, -1)
         total = total + lp.gather(2, codes[:, :, level : level + 1])[..., 0]
     return total
 
@@ -216,8 +222,10 @@ def atspeed_decode(
         gen = torch.Generator(device=ctx.device).manual_seed(p.seed)
     with timer.phase("prefill"):
         t_out, d_out = ctx.model.prefill(tokens, mask), draft.prefill(d_tokens, d_mask)
-    models = Models(ctx.model, draft, t_out.logits, d_out.logits, t_out.cache, d_out.cache)
-    run = DecodeRun(models, p, relaxed, codec, ctx.draft_scoring_codec, processors, gen, timer, Counters())
+    t_read = LevelReader(ctx.model, codec, p.level_softmax)
+    d_read = LevelReader(draft, ctx.draft_scoring_codec, p.level_softmax)
+    models = Models(ctx.model, draft, t_read.of(t_out), d_read.of(d_out), t_out.cache, d_out.cache)
+    run = DecodeRun(models, p, relaxed, codec, t_read, d_read, processors, gen, timer, Counters())
     b = tokens.shape[0]
     codes = torch.zeros(b, k, levels, dtype=torch.long, device=ctx.device)
     scores = torch.zeros(b, k, device=ctx.device)
@@ -255,7 +263,9 @@ def sd_step(run: DecodeRun, users: Tensor, codes: Tensor, scores: Tensor, t: int
     )
     with timer.phase("verify"):
         prompt = m.target_prompt.prompt_of(users)
-        tree_logits, calls = verify_logits(m.target, prompt, tree, codec, p.tree_attention, p.attention)
+        tree_logits, calls = verify_logits(
+            m.target, prompt, tree, codec, p.tree_attention, p.attention, hidden=p.level_softmax
+        )
         count.target_calls += calls
         return verify(run, users, tree, choices, tree_logits, base, d_base)
 
@@ -274,12 +284,14 @@ def verify(
     m, p, codec, processors = run.models, run.params, run.codec, run.processors
     root, k = m.target_root.index_select(0, users), p.beam_width
     if run.relaxed:
+        read = run.target_read.log_probs
         v = RelaxedVerification(
-            root, tree, tree_logits, choices, k, codec, draft_scores, p.q_support, run.gen
+            root, tree, tree_logits, choices, k, codec, draft_scores, p.q_support, run.gen, read
         )
         select = v
     else:
-        v, select = StrictVerification(root, tree, tree_logits, choices, k, codec), select_beams
+        v = StrictVerification(root, tree, tree_logits, choices, k, codec, run.target_read.log_probs)
+        select = select_beams
     t, g = tree.t, len(users)
     start = BeamStart(
         t, scores, tree.committed, replay_processors(processors, tree.committed, codec.codebook_sizes)

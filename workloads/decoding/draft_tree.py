@@ -103,21 +103,31 @@ def verify_logits(
     codec: SIDCodec,
     tree_attention: bool = True,
     attention: str = "torch",
+    hidden: bool = False,
 ) -> tuple[Tensor, int]:
-    """The target's logits [B, n, V] at every node of the block, and the number of target calls."""
+    """The target's logits [B, n, V] at every node of the block (with `hidden`: its final hidden states
+    [B, n, D], for level_softmax scoring), and the number of target calls."""
     tokens, parents = tree_tokens_and_parents(tree, codec)
     b, n = tokens.shape
     if n == 0:
-        return tokens.new_zeros(b, 0, model.config.vocab_size, dtype=torch.float32), 0
+        width = model.config.dim if hidden else model.config.vocab_size
+        return tokens.new_zeros(b, 0, width, dtype=torch.float32), 0
     if tree_attention:
         cache = prompt.expand(1, n)
         mask = tree_mask_from_parents(parents, tree.t + len(tree.levels))
-        return model.extend(tokens, cache, mask, attention).logits, 1
-    return _per_level_logits(model, prompt, tokens, parents, tree, attention)
+        out = model.extend(tokens, cache, mask, attention, logits=not hidden)
+        return (out.hidden if hidden else out.logits), 1
+    return _per_level_logits(model, prompt, tokens, parents, tree, attention, hidden)
 
 
 def _per_level_logits(
-    model: GRTransformer, prompt: KVCache, tokens: Tensor, parents: Tensor, tree: DraftTree, attention: str
+    model: GRTransformer,
+    prompt: KVCache,
+    tokens: Tensor,
+    parents: Tensor,
+    tree: DraftTree,
+    attention: str,
+    hidden: bool = False,
 ) -> tuple[Tensor, int]:
     """ "w/o TA": one target call per level (the committed beams, then each drafted level), every node's
     root path as its own causal row. Only those nodes' logits are filled: verification reads no other."""
@@ -131,7 +141,8 @@ def _per_level_logits(
         path_nodes[:, :, d] = node
         lengths += (node >= 0).long()
         node = torch.where(node >= 0, parents.gather(1, node.clamp(min=0)), -1)
-    out = torch.zeros(b, n, model.config.vocab_size, device=tokens.device)  # unread nodes stay 0
+    width = model.config.dim if hidden else model.config.vocab_size
+    out = torch.zeros(b, n, width, device=tokens.device)  # unread nodes stay 0
     calls = 0
     # the nodes whose logits verification reads: committed beams' last tokens, then each drafted level
     groups = [tree.committed_index(torch.arange(tree.k, device=tokens.device))] if tree.t else []
@@ -143,7 +154,7 @@ def _per_level_logits(
         seq_nodes = path_nodes[:, nodes, :length].flip(-1)  # root first
         seq = tokens.gather(1, seq_nodes.reshape(b, -1)).view(b * len(nodes), length)
         cache = prompt.expand(len(nodes), length)
-        logits = model.extend(seq, cache, None, attention).logits[:, -1]
-        out[:, nodes] = logits.view(b, len(nodes), -1)
+        step = model.extend(seq, cache, None, attention, logits=not hidden)
+        out[:, nodes] = (step.hidden if hidden else step.logits)[:, -1].view(b, len(nodes), -1)
         calls += 1
     return out, calls

@@ -14,6 +14,8 @@ them (tokenize/level_scores.py): cheaper with a large vocabulary, and not the sa
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
@@ -92,6 +94,34 @@ class BackboneScorer:
             else:
                 self.logits = self.model.step(tokens, self.cache, self.attention).logits
         self.calls += 1
+
+
+@dataclass(frozen=True)
+class LevelReader:
+    """What a model's forward yields for scoring SID levels, and how a level is read from it: its
+    full-vocabulary logits (codec_log_probs), or with `level_softmax` its final hidden states, each level
+    scored over its own tokens (hidden_log_probs; the full LM head is never computed)."""
+
+    model: GRTransformer
+    codec: SIDCodec
+    level_softmax: bool = False
+
+    def of(self, out) -> Tensor:
+        """The logits, or the hidden states, of a prefill / extend / step output."""
+        return out.hidden if self.level_softmax else out.logits
+
+    def log_probs(self, x: Tensor, level: int) -> Tensor:
+        """[..., V] logits or [..., D] hidden states -> [..., T_level] log-probs of the level's codes."""
+        if self.level_softmax:
+            return hidden_log_probs(self.model, x, self.codec, level)
+        return codec_log_probs(x, self.codec, level)
+
+    def scorer(
+        self, root: Tensor, cache: KVCache, beam_width: int, attention: str, expanded: bool = False
+    ) -> BackboneScorer:
+        """A BackboneScorer from `root` (this reader's outputs for the current rows)."""
+        hidden = root if self.level_softmax else None
+        return BackboneScorer(self.model, self.codec, root, cache, beam_width, attention, expanded, hidden)
 
 
 class HeadScorer:

@@ -74,12 +74,21 @@ class StepOutcome:
         return active & accept
 
 
+LevelRead = Callable[[Tensor, int], Tensor]  # (logits or hidden states, level) -> the level's log-probs
+
+
+def full_softmax_reader(codec: SIDCodec) -> LevelRead:
+    """Levels read from full-vocabulary logits (the default; scorers.LevelReader has both forms)."""
+    return lambda logits, level: codec_log_probs(logits, codec, level)
+
+
 class TreeScorer:
     """beam_core.LevelScorer over a verified draft tree: rows are beams located at tree nodes."""
 
-    def __init__(self, root: Tensor, tree: DraftTree, tree_logits: Tensor, codec: SIDCodec, route: Route):
-        """`root` [G, V]: the target's logits at the prompt's end (the children of the empty prefix)."""
-        self.root, self.tree, self.logits, self.codec, self.route = root, tree, tree_logits, codec, route
+    def __init__(self, root: Tensor, tree: DraftTree, tree_logits: Tensor, read: LevelRead, route: Route):
+        """`root` [G, V]: the target's logits at the prompt's end (the children of the empty prefix);
+        `read(x, level)` turns logits (or hidden states, with level_softmax) into a level's log-probs."""
+        self.root, self.tree, self.logits, self.read, self.route = root, tree, tree_logits, read, route
         g, w, _ = tree.committed.shape
         self.nodes = torch.arange(w, device=root.device).expand(g, w)  # the decided beams (or the root)
 
@@ -94,7 +103,7 @@ class TreeScorer:
                 else self.tree.drafted_index(j - 1, self.nodes)
             )
             logits = self.logits.gather(1, at[..., None].expand(-1, -1, self.logits.shape[-1]))
-        lp = codec_log_probs(logits, self.codec, level)
+        lp = self.read(logits, level)
         return lp.reshape(-1, lp.shape[-1])
 
     def advance(self, level: int, parent: Tensor, token: Tensor) -> None:
@@ -123,13 +132,20 @@ class StrictVerification:
     last drafted one comes from the same call."""
 
     def __init__(
-        self, root: Tensor, tree: DraftTree, logits: Tensor, choices: list[LevelChoice], k: int, codec
+        self,
+        root: Tensor,
+        tree: DraftTree,
+        logits: Tensor,
+        choices: list[LevelChoice],
+        k: int,
+        codec,
+        read: LevelRead | None = None,
     ):
         g, _, t = tree.committed.shape
         self.tree, self.choices, self.codec = tree, choices, codec
         self.out = StepOutcome.empty(g, k, codec.levels, t, root.device)
         self.active = torch.ones(g, dtype=torch.bool, device=root.device)
-        self.scorer = TreeScorer(root, tree, logits, codec, self.route)
+        self.scorer = TreeScorer(root, tree, logits, read or full_softmax_reader(codec), self.route)
         self.found: Tensor | None = None
 
     def route(self, j: int, parent_nodes: Tensor, code: Tensor) -> Tensor:
@@ -156,12 +172,12 @@ class RelaxedVerification:
     (q' renormalised there unless q_support is "drafted"). The level after the drafted ones is a target
     sampling-beam-search step. The selection is `__call__` (a beam_core.BeamSelector)."""
 
-    def __init__(self, root, tree, logits, choices, k, codec, draft_scores, q_support, gen):
+    def __init__(self, root, tree, logits, choices, k, codec, draft_scores, q_support, gen, read=None):
         g, _, t = tree.committed.shape
         self.tree, self.choices, self.gen, self.q_support = tree, choices, gen, q_support
         self.out = StepOutcome.empty(g, k, codec.levels, t, root.device)
         self.active = torch.ones(g, dtype=torch.bool, device=root.device)
-        self.scorer = TreeScorer(root, tree, logits, codec, self.route)
+        self.scorer = TreeScorer(root, tree, logits, read or full_softmax_reader(codec), self.route)
         self.draft_scores, self.j = draft_scores, 0
         self.accept = self.active
         self.next_nodes: Tensor | None = None
