@@ -13,6 +13,7 @@ from genrec.platform.serve.front_door import (
     FrontDoorOnly,
     came_through_front_door,
     draw_key,
+    front_door_state,
 )
 
 
@@ -66,3 +67,15 @@ def test_the_header_name_is_matched_in_any_case_and_the_value_exactly():
     assert came_through_front_door([(b"X-Genrec-Front-Door", key.encode())], key)
     assert not came_through_front_door([(FRONT_DOOR_HEADER.encode(), key.encode() + b"x")], key)
     assert draw_key() != key
+
+
+def test_health_says_whether_a_key_is_required_and_counts_the_refused(monkeypatch):
+    key = draw_key()
+    monkeypatch.setenv(FRONT_DOOR_ENV, key)
+    before = front_door_state()
+    assert before["key_required"] is True and key not in json.dumps(before)
+    call([])  # refused
+    call([(FRONT_DOOR_HEADER.encode(), key.encode())])  # let through: not counted
+    assert front_door_state()["refused"] == before["refused"] + 1
+    monkeypatch.delenv(FRONT_DOOR_ENV)
+    assert front_door_state()["key_required"] is False

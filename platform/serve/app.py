@@ -77,7 +77,7 @@ from genrec.platform.serve.config import (
     resolve_hf_models,
 )
 from genrec.platform.serve.deployment_options import deployment_options
-from genrec.platform.serve.front_door import FrontDoorOnly
+from genrec.platform.serve.front_door import FrontDoorOnly, front_door_state
 from genrec.platform.serve.http_io import CLIENT_CLOSED, error_response, overloaded, read_body
 from genrec.platform.serve.ingress import active_handler_loop, active_ingress
 from genrec.platform.serve.ranking import NO_RANKING_MODEL, RankingService
@@ -193,6 +193,7 @@ class Recommender:
             "pid": os.getpid(),
             "niceness": os.nice(0),  # Ray's default for workers is 15; `genrec serve` starts them at 0
             "ingress": active_ingress(),
+            "front_door": front_door_state(),  # key required (HAProxy ingress) and side-door 403s
             "handler_loop": active_handler_loop(),
             "started_at": self.started_at,
             "ranking": self.ranking.describe() if self.ranking is not None else None,

@@ -54,6 +54,12 @@ def configured_key() -> str:
     return os.environ.get(FRONT_DOOR_ENV, "")
 
 
+def front_door_state() -> dict[str, object]:
+    """What GET /health says of the side doors (never the key): whether a key is required, and how many
+    requests this replica refused for lacking it."""
+    return {"key_required": bool(configured_key()), "refused": FrontDoorOnly.refused}
+
+
 def came_through_front_door(headers: list[tuple[bytes, bytes]], key: str) -> bool:
     """Whether the request's headers carry the key (compared in constant time)."""
     name = FRONT_DOOR_HEADER.encode()
@@ -62,7 +68,10 @@ def came_through_front_door(headers: list[tuple[bytes, bytes]], key: str) -> boo
 
 
 class FrontDoorOnly:
-    """ASGI middleware: with a configured key, a request without it gets 403 before the app sees it."""
+    """ASGI middleware: with a configured key, a request without it gets 403 before the app sees it.
+    `refused` counts those 403s (and closed websockets) in this process, for GET /health."""
+
+    refused = 0
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -73,6 +82,7 @@ class FrontDoorOnly:
             return await self.app(scope, receive, send)
         if came_through_front_door(scope.get("headers") or [], key):
             return await self.app(scope, receive, send)
+        FrontDoorOnly.refused += 1
         if scope["type"] == "websocket":
             return await send({"type": "websocket.close", "code": 1008})
         body = json.dumps({"detail": SIDE_DOOR_DETAIL}).encode()
