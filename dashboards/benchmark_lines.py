@@ -17,9 +17,10 @@ from pathlib import Path
 import pandas as pd
 
 from genrec.dashboards.analysis import PARAM_PREFIX, constant_value, format_value
+from genrec.dashboards.axes import axis, is_rate
 from genrec.dashboards.figures import flat_sentences
 from genrec.dashboards.page import FigureWriter, PageContext, esc, finish_page, html_table, plotly
-from genrec.dashboards.style import axis, is_rate, trace_styles
+from genrec.dashboards.style import trace_styles
 
 LOG_SPAN = 100.0  # x values spanning more than two decades get log axes
 NOT_METRICS = {"seed", "threads", "schema_version", "trial_wall_s", "trial_started_at", "skipped", "returned"}

@@ -4,7 +4,7 @@ as small multiples, and quality vs latency with the Pareto front.
 Nothing here names a decoder: configurations come from the `param_*` columns (see `analysis.py`), a
 decoder's lines are split by those of its other parameters that vary independently of the x
 parameter, and configurations without it (e.g. the `popular` baseline) are reference lines. Colours,
-axes and ticks come from `style.py`.
+axes and ticks come from `axes.py`.
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ from genrec.dashboards.analysis import (
     is_missing,
     param_columns,
 )
+from genrec.dashboards.axes import axis, describe
 from genrec.dashboards.page import esc, plotly
-from genrec.dashboards.style import REFERENCE_COLOUR, axis, colour, describe, trace_styles
+from genrec.dashboards.style import REFERENCE_COLOUR, colour, trace_styles
 from genrec.workloads.results import spread_columns
 
 if TYPE_CHECKING:

@@ -5,8 +5,9 @@ decoder page, NEZHA arms, AtSpeed, MaRI, generic benchmark lines, load tests). W
 experiment's page and an index linking them (index.py). Pages work offline: plotly.js is loaded from
 `plotly.min.js` beside them (or embedded, `embed_plotlyjs=True`), nothing comes from a CDN.
 
-The modules behind it: style.py (colours, template, axes), page.py (page writer, provenance),
-figures.py / tables.py / decoders.py (the decoder page), one module per other page kind.
+The modules behind it: style.py (colours, template), axes.py (axis titles, units, log ticks), page.py
+(page writer, provenance), figures.py / tables.py / decoders.py (the decoder page), one module per other
+page kind.
 """
 
 from __future__ import annotations

@@ -20,9 +20,10 @@ from pathlib import Path
 import pandas as pd
 
 from genrec.dashboards.analysis import format_value, is_missing
+from genrec.dashboards.axes import axis, log_axis, rate_axis
 from genrec.dashboards.page import FigureWriter, PageContext, esc, finish_page, fmt_ms, html_table, plotly
 from genrec.dashboards.rebuild import default_out_path, rebuild_command
-from genrec.dashboards.style import REFERENCE_COLOUR, TraceStyle, axis, log_axis, rate_axis, trace_styles
+from genrec.dashboards.style import REFERENCE_COLOUR, TraceStyle, trace_styles
 from genrec.workloads.errors import UserInputError
 from genrec.workloads.results_store import list_experiments, read_results
 from genrec.workloads.serving.slo import DEFAULT_MAX_UNANSWERED, DEFAULT_SLO_MS, meets_slo

@@ -15,7 +15,7 @@ from test_atspeed_report import fake_rows as atspeed_rows
 from test_report import make_row
 from test_serving_report import P99, loadtest_row
 
-from genrec.dashboards import style
+from genrec.dashboards import axes, style
 from genrec.dashboards.figure_audit import axis_titles, figures_in_html, missing_axis_titles
 from genrec.dashboards.registry import PAGES, experiment_kind, row_kinds
 from genrec.dashboards.report import build_report
@@ -271,15 +271,15 @@ def test_axis_walker_flags_an_untitled_axis():
 
 
 def test_axis_titles_carry_units_batch_size_and_rate_ranges(results, index):
-    assert style.axis_title("kernel_us_per_beam") == "kernel time per beam (µs)"
+    assert axes.axis_title("kernel_us_per_beam") == "kernel time per beam (µs)"
     rows = pd.DataFrame({"batch_size": [16, 16]})
-    assert style.axis_title("latency_p50_ms", rows) == "latency p50 per batch of 16 users (ms)"
+    assert axes.axis_title("latency_p50_ms", rows) == "latency p50 per batch of 16 users (ms)"
     for rate in ("hr@10", "recall@20", "ndcg@5", "invalid_rate", "acceptance", "acceptance_level_3"):
-        assert style.describe(rate).rate and style.axis(rate)["range"] == [-0.02, 1.02]
-    assert not style.describe("latency_p99_ms").rate
+        assert axes.describe(rate).rate and axes.axis(rate)["range"] == [-0.02, 1.02]
+    assert not axes.describe("latency_p99_ms").rate
     # request rates are req/s, not shares (the serving benchmark's best_rate drew on a 0-1 axis)
     for column in ("best_rate", "rate", "param_rate", "offered_rate_rps"):
-        assert not style.describe(column).rate and "req/s" in style.axis_title(column)
+        assert not axes.describe(column).rate and "req/s" in axes.axis_title(column)
     figs = figures_in_html(page(results, "decoders_a"))
     titles = [t for f in figs for t in axis_titles(f).values()]
     assert "latency p50 per batch of 16 users (ms) (log scale)" in titles  # make_row's batch_size
@@ -302,14 +302,14 @@ def test_axis_titles_carry_units_batch_size_and_rate_ranges(results, index):
 
 
 def test_log_ticks_are_1_2_5_and_say_log_scale(results, index):
-    assert style.log_ticks(9, 100) == [10, 20, 50, 100]
-    assert [style.tick_text(t) for t in style.log_ticks(9, 100)] == ["10", "20", "50", "100"]
-    assert [style.tick_text(t) for t in style.log_ticks(1000, 1e6)] == [
+    assert axes.log_ticks(9, 100) == [10, 20, 50, 100]
+    assert [axes.tick_text(t) for t in axes.log_ticks(9, 100)] == ["10", "20", "50", "100"]
+    assert [axes.tick_text(t) for t in axes.log_ticks(1000, 1e6)] == [
         "1000", "2000", "5000", "10k", "20k", "50k", "100k", "200k", "500k", "1M",
     ]  # fmt: skip
-    assert style.log_ticks(1, 1e7) == [10.0**e for e in range(8)]  # only powers of ten over 7 decades
-    assert style.log_ticks(12, 18) == [10, 20]  # too narrow for two ticks: the neighbours
-    assert style.log_ticks(0.01, 0.05) == [0.01, 0.02, 0.05]
+    assert axes.log_ticks(1, 1e7) == [10.0**e for e in range(8)]  # only powers of ten over 7 decades
+    assert axes.log_ticks(12, 18) == [10, 20]  # too narrow for two ticks: the neighbours
+    assert axes.log_ticks(0.01, 0.05) == [0.01, 0.02, 0.05]
     # on the pages: beam widths 10..100 and branch factors 2..2048
     quality = next(
         f for f in figures_in_html(page(results, "decoders_a")) if "Latency" in str(f["layout"]["title"])
@@ -325,9 +325,9 @@ def test_log_ticks_are_1_2_5_and_say_log_scale(results, index):
 
 
 def test_linear_axes_do_not_claim_log_scale():
-    ax = style.axis("beam_width", [1, 4, 8], discrete=True)
+    ax = axes.axis("beam_width", [1, 4, 8], discrete=True)
     assert "type" not in ax and ax["title"]["text"] == "beam width" and ax["tickvals"] == [1, 4, 8]
-    assert style.axis("recall@10", [0.001, 0.5])["title"]["text"] == "Recall@10 (share, 0–1)"  # never log
+    assert axes.axis("recall@10", [0.001, 0.5])["title"]["text"] == "Recall@10 (share, 0–1)"  # never log
 
 
 # ------------------------------------------------------------------------------------- heatmaps

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import pandas as pd
 
+from genrec.dashboards.axes import rate_axis
 from genrec.dashboards.page import FigureWriter
-from genrec.dashboards.style import colour, rate_axis, tint, trace_styles
+from genrec.dashboards.style import colour, tint, trace_styles
 from genrec.studies.atspeed.atspeed_arms import VERIFICATIONS
 from genrec.studies.atspeed.report_rows import (
     ABLATIONS,

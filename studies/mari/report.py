@@ -18,8 +18,9 @@ from pathlib import Path
 import pandas as pd
 
 from genrec.dashboards.analysis import format_value
+from genrec.dashboards.axes import axis, ratio_coloraxis, ratio_z
 from genrec.dashboards.page import FigureWriter, PageContext, finish_page, html_table
-from genrec.dashboards.style import DASHES, axis, colour, ratio_coloraxis, ratio_z, tint
+from genrec.dashboards.style import DASHES, colour, tint
 
 MARI_BENCHMARKS = ("mari_matmul", "mari_fragmented", "mari_model")
 # Table 3 of the paper: chunk -> (fragmented vs vanilla %, fragmented vs neat MaRI %)

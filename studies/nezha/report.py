@@ -17,8 +17,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from genrec.dashboards.axes import axis, per_batch
 from genrec.dashboards.page import FigureWriter, PageContext, finish_page, fmt_mean_std, html_table
-from genrec.dashboards.style import axis, colour, per_batch
+from genrec.dashboards.style import colour
 from genrec.studies.nezha.nezha_arms import ARMS
 from genrec.workloads.metrics import paired_t_test_less
 
