@@ -185,7 +185,9 @@ def test_relaxed_under_a_constraint_smaller_than_k_returns_every_sid_like_beam_s
     (random as it is) must return exactly beam search's answer: every SID of the set, the rest missing."""
     ctx = make_ctx(tuple(sizes), seed, draft)
     hist = histories(ctx, seed, 2)
-    constraint = {"constraint": "random", "constraint_size": min(size, k - 1), "constraint_seed": seed}
+    # fewer SIDs than K, and no more than the catalogue holds (sizes [2, 2]: 4 items)
+    n = min(size, k - 1, len(ctx.item_codes))
+    constraint = {"constraint": "random", "constraint_size": n, "constraint_seed": seed}
     beam, at = get_decoder("beam"), get_decoder("atspeed_relaxed")
     base = {"beam_width": k, "k": k, **constraint}
     want = beam.decode(ctx, hist, make_params(beam, base))
