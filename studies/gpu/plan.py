@@ -196,8 +196,9 @@ def kernel_step(cfg: CheckConfig) -> Step:
 def xgr_steps(cfg: CheckConfig) -> list[Step]:
     d = cfg.device
     if cfg.dry:
-        att = "--beams 16 512 --users 1 --heads 2 --head-dim 16 --prompt 8 --dtypes float32 --repeats 2 "
-        att += "--warmup 1 --inner 1"
+        # one timed call per arm: under the interpreter the Triton kernel at BW 512 takes ~25 s a call
+        att = "--beams 16 512 --users 1 --heads 1 --head-dim 16 --prompt 8 --dtypes float32 --repeats 1 "
+        att += "--warmup 0 --inner 1"
         peak = "--size tiny --codebook 16 --items 300 --beams 16 --k 5"
         sel = "--beam 512 --codebook 64 --batch 1 --repeats 5 --warmup 1"
     else:
@@ -271,7 +272,7 @@ def atspeed_step(cfg: CheckConfig) -> Step:
 
 def static_step(cfg: CheckConfig) -> Step:
     if cfg.dry:
-        shape = "--sizes 2000 --vocab 64 --levels 4 --beam 8 --repeats 2 --warmup 1 --threads 1"
+        shape = "--sizes 2000 --vocab 64 --levels 4 --beam 8 --repeats 2 --warmup 0 --threads 1"
     else:
         shape = "--sizes 1000000 --vocab 2048 --levels 8 --beam 70 --repeats 30 --warmup 5"
     flags = f"--device {cfg.device} {shape} --batch 2 --dense-levels 2 --backends unconstrained static_torch "
