@@ -30,6 +30,21 @@ def random_case(seed, b, w, h, s, t, n, hd=8, tree=True, groups=1):
     return q, pk, pv, pmask, bk, bv, t, mask
 
 
+# random staged-attention inputs (random_case's arguments): users, beams, key/value heads, prompt, earlier
+# steps, block, tree or causal, seed, query heads per key/value head
+CASES = dict(
+    b=st.integers(1, 3),
+    w=st.integers(1, 6),
+    h=st.integers(1, 3),
+    s=st.integers(1, 9),
+    t=st.integers(0, 4),
+    n=st.integers(1, 4),
+    tree=st.booleans(),
+    seed=st.integers(0, 10_000),
+    groups=st.sampled_from([1, 1, 2, 3]),
+)
+
+
 def plain_reference(q, pk, pv, pmask, bk, bv, t, mask):
     """Copy the prompt per beam, concatenate the keys, one softmax."""
     rows, _, n, _ = q.shape
@@ -50,17 +65,7 @@ def plain_reference(q, pk, pv, pmask, bk, bv, t, mask):
 
 @pytest.mark.parametrize("fused", [True, False], ids=["aten-fused", "matmul"])
 @settings(max_examples=30, deadline=None)
-@given(
-    b=st.integers(1, 3),
-    w=st.integers(1, 6),
-    h=st.integers(1, 3),
-    s=st.integers(1, 9),
-    t=st.integers(0, 4),
-    n=st.integers(1, 4),
-    tree=st.booleans(),
-    seed=st.integers(0, 10_000),
-    groups=st.sampled_from([1, 1, 2, 3]),
-)
+@given(**CASES)
 def test_staged_attention_equals_plain_attention(fused, b, w, h, s, t, n, tree, seed, groups):
     case = random_case(seed, b, w, h, s, t, n, tree=tree, groups=groups)
     # fused=False: the matmul form, which the GPU machine runs (and the reference for the fused op)
@@ -70,17 +75,7 @@ def test_staged_attention_equals_plain_attention(fused, b, w, h, s, t, n, tree, 
 
 
 @settings(max_examples=40, deadline=None)
-@given(
-    b=st.integers(1, 3),
-    w=st.integers(1, 6),
-    h=st.integers(1, 3),
-    s=st.integers(1, 9),
-    t=st.integers(0, 4),
-    n=st.integers(1, 4),
-    tree=st.booleans(),
-    seed=st.integers(0, 10_000),
-    groups=st.sampled_from([1, 1, 2, 3]),
-)
+@given(**CASES)
 def test_one_pass_equals_plain_attention(b, w, h, s, t, n, tree, seed, groups):
     """The one-pass form (one softmax per user over its prompt and all its beams' keys, siblings masked)
     against the per-beam-copied reference, trees and GQA included."""
