@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from genrec.workloads.decoding.atspeed import prefix_log_prob
 from genrec.workloads.decoding.base import DecoderContext, get_decoder, make_params
+from genrec.workloads.decoding.scorers import LevelReader
 from genrec.workloads.models.transformer import GRTransformer, ModelConfig
 from genrec.workloads.sid_codec import SIDCodec
 
@@ -54,15 +55,21 @@ def acceptance(counters: dict) -> dict[str, float]:
 
 # --- 1. the draft's log-probability of a decided prefix ----------------------------------------------------
 @torch.no_grad()
-def per_sequence_log_prob(model: GRTransformer, codec: SIDCodec, prompt: torch.Tensor, codes: list[int]):
+def per_sequence_log_prob(
+    model: GRTransformer, codec: SIDCodec, prompt: torch.Tensor, codes: list[int], level_softmax: bool = False
+):
     """log p(codes | prompt) by one plain forward of prompt + codes: level l's log-softmax (over the whole
-    vocabulary, restricted to level l's tokens) is read at the position just before level l's token."""
+    vocabulary, restricted to level l's tokens; with `level_softmax` over level l's tokens only) is read at
+    the position just before level l's token."""
     tokens = torch.tensor([int(c) + codec.level_offset(l) for l, c in enumerate(codes)], dtype=torch.long)
     logits = model(torch.cat([prompt, tokens])[None])[0][0].float()
     total = 0.0
     for level, code in enumerate(codes):
         start, end = codec.level_range(level)
-        row = torch.log_softmax(logits[len(prompt) - 1 + level], dim=-1)[start:end]
+        row = logits[len(prompt) - 1 + level]
+        row = (
+            torch.log_softmax(row[start:end], -1) if level_softmax else torch.log_softmax(row, -1)[start:end]
+        )
         total += float(row[code])
     return total
 
@@ -74,9 +81,10 @@ def per_sequence_log_prob(model: GRTransformer, codec: SIDCodec, prompt: torch.T
     g=st.integers(1, 3),
     w=st.integers(1, 4),
     t_frac=st.floats(0, 1),
+    level_softmax=st.booleans(),
 )
 @torch.no_grad()
-def test_prefix_log_prob_equals_a_forward_of_each_sequence(sizes, seed, g, w, t_frac):
+def test_prefix_log_prob_equals_a_forward_of_each_sequence(sizes, seed, g, w, t_frac, level_softmax):
     codec = SIDCodec(tuple(sizes))
     t = 1 + int(t_frac * (codec.levels - 1)) if codec.levels > 1 else 1
     t = min(t, codec.levels)
@@ -88,11 +96,15 @@ def test_prefix_log_prob_equals_a_forward_of_each_sequence(sizes, seed, g, w, t_
     # the prefix positions' logits the way the decoder gets them: one cached extend of every beam's prefix
     offsets = torch.tensor([codec.level_offset(l) for l in range(t)])
     cache = out.cache.expand(w, codec.levels)
-    logits = model.extend((codes + offsets).view(g * w, t), cache).logits
-    got = prefix_log_prob(out.logits, logits, codes, codec)
+    read = LevelReader(model, codec, level_softmax)  # logits, or hidden states read level by level
+    outs = read.of(model.extend((codes + offsets).view(g * w, t), cache))
+    got = prefix_log_prob(read.of(out), outs, codes, read)
     want = torch.tensor(
         [
-            [per_sequence_log_prob(model, codec, prompt[b], codes[b, j].tolist()) for j in range(w)]
+            [
+                per_sequence_log_prob(model, codec, prompt[b], codes[b, j].tolist(), level_softmax)
+                for j in range(w)
+            ]
             for b in range(g)
         ]
     )
