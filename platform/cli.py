@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import faulthandler
+import signal
 import sys
+import threading
 from typing import Annotated
 
 import typer
@@ -97,7 +100,10 @@ def expand_multi_value_options(argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: bad input exits 2 with a one-line message instead of a traceback."""
+    """Entry point: bad input exits 2 with a one-line message instead of a traceback. SIGUSR1 prints every
+    thread's stack to stderr and goes on (what a hung command is doing; its default would kill it)."""
+    if hasattr(signal, "SIGUSR1") and threading.current_thread() is threading.main_thread():
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     argv = expand_multi_value_options(list(sys.argv[1:] if argv is None else argv))
     try:
         # standalone mode: click turns usage errors into exit code 2 and --help into 0 itself

@@ -388,3 +388,16 @@ def test_train_quiet_prints_only_the_summary_line(synth_dir, tmp_path, capsys):
     out = capsys.readouterr().out
     assert not [line for line in out.splitlines() if line.startswith("epoch ")], out
     assert out.count("trained tiny: best val loss") == 1, out
+
+
+def test_sigusr1_prints_every_threads_stack_and_the_command_goes_on():
+    """A hung command can be asked where it is: SIGUSR1 dumps all threads' stacks (faulthandler)."""
+    code = (
+        "import os, signal, sys, time\n"
+        "from genrec.platform.cli import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "os.kill(os.getpid(), signal.SIGUSR1)\ntime.sleep(0.5)\nprint('still here')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "still here" in out.stdout, out.stderr[-2000:]
+    assert "Current thread" in out.stderr or "Thread 0x" in out.stderr, out.stderr[-2000:]
