@@ -32,7 +32,7 @@ pytest.importorskip("ray.tune")
 CLI = "from genrec.platform.cli import main; main()"
 WIDTHS = [5, 10, 20]
 FIRST_ROW_S = 180.0  # a local Ray, a worker and one trial on a busy 2-core machine
-STOP_S = 45.0  # the driver gives a hung clean stop 15 s (STOP_GRACE_S), then kills Ray: a slow VM took > 30 s once
+STOP_S = 45.0  # a hung clean stop gets 15 s (STOP_GRACE_S), then Ray is killed; a slow VM took > 30 s once
 
 
 def experiment(tmp_path: Path, model: Path, data: Path) -> Path:
