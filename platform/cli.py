@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import faulthandler
+import io
 import signal
 import sys
 import threading
@@ -103,7 +104,10 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point: bad input exits 2 with a one-line message instead of a traceback. SIGUSR1 prints every
     thread's stack to stderr and goes on (what a hung command is doing; its default would kill it)."""
     if hasattr(signal, "SIGUSR1") and threading.current_thread() is threading.main_thread():
-        faulthandler.register(signal.SIGUSR1, all_threads=True)
+        try:
+            faulthandler.register(signal.SIGUSR1, all_threads=True)
+        except (OSError, ValueError, io.UnsupportedOperation):  # stderr is no file (captured): no dump
+            pass
     argv = expand_multi_value_options(list(sys.argv[1:] if argv is None else argv))
     try:
         # standalone mode: click turns usage errors into exit code 2 and --help into 0 itself
