@@ -272,7 +272,7 @@ def atspeed_step(cfg: CheckConfig) -> Step:
 
 def static_step(cfg: CheckConfig) -> Step:
     if cfg.dry:
-        shape = "--sizes 2000 --vocab 64 --levels 4 --beam 8 --repeats 2 --warmup 0 --threads 1"
+        shape = "--sizes 2000 --vocab 64 --levels 4 --beam 8 --repeats 2 --warmup 1 --threads 1"
     else:
         shape = "--sizes 1000000 --vocab 2048 --levels 8 --beam 70 --repeats 30 --warmup 5"
     flags = f"--device {cfg.device} {shape} --batch 2 --dense-levels 2 --backends unconstrained static_torch "
