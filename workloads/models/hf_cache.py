@@ -192,7 +192,7 @@ def cache_key(src: Path, items: Path, pattern: str) -> str:
         h.update(f"\0{file.name}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
         h.update(hashlib.sha256(safetensors_header(file)).digest())
     # the SIDs by content (not the file's mtime), as flat arrays: one pass over the bytes, the same for any
-    # row-group layout (a million items of 3 codes: 0.20 s, against 1.7 s through Python objects)
+    # row-group layout (Python objects per item cost seconds on a million-item catalogue)
     for part in sid_arrays(pq.read_table(items, columns=["item_id", "sid"])):
         h.update(f"\0{part.dtype}\0{part.size}\0".encode())
         h.update(part.tobytes() if part.dtype != object else "\0".join(map(str, part)).encode())
