@@ -150,10 +150,10 @@ def shared_prefix_attention_torch(
 # softmax per user and query head over its prompt and ALL its beams' keys costs less, although each
 # query also scores its sibling beams' keys (masked out). Measured with a scratch script at B 16,
 # S 47, 4 heads / 2 KV heads, 2 threads, one layer (mask included): 0.92 against 1.62 ms at W 20;
-# 4.1 against 6.1 ms at W 100 (200 beam keys per user); 6.5 against 7.4 ms at W 128 but 9.8 against 9.0 ms for W 64 x 3-token
-# trees (256 keys); 9.1 against 9.2 ms at W 160 (320 keys). The waste grows as W x keys per beam:
-# past ONE_PASS_SLACK + S keys the staged form is taken. In a decode the mask is made once per extend
-# call (`plan_one_pass`).
+# 4.1 against 6.1 ms at W 100 (200 beam keys per user); 6.5 against 7.4 ms at W 128, but 9.8
+# against 9.0 ms for W 64 x 3-token trees (256 keys); 9.1 against 9.2 ms at W 160 (320 keys).
+# The waste grows as W x keys per beam: past ONE_PASS_SLACK + S keys the staged form is taken.
+# In a decode the mask is made once per extend call (`plan_one_pass`).
 ONE_PASS_SLACK = 192
 
 
